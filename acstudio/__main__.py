@@ -1,0 +1,3 @@
+from acstudio.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""The captured graph as JSON and back, ids included: the profile file carries the exact graph it measured.
+
+Loading rebuilds the same nodes in the same order with the same ``ac_id``/region/module metadata; it does not
+trace anything. Device arguments can be remapped (a GPU profile verified on the CPU).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from acstudio.capture.step import CapturedStep, InputSlot
+from acstudio.errors import ProfileFileError
+
+_PY_TARGETS = {"operator.getitem": operator.getitem}
+
+
+def target_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[1]}.{target._overloadname}"
+    if target is operator.getitem:
+        return "operator.getitem"
+    if isinstance(target, str):
+        return target
+    raise ProfileFileError(f"cannot serialize graph target {target!r}")
+
+
+def resolve_target(name: str):
+    if name in _PY_TARGETS:
+        return _PY_TARGETS[name]
+    namespace, packet, overload = name.split(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+    except AttributeError as exc:
+        raise ProfileFileError(f"this torch has no operator {name} (profile made with another version?)") from exc
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return {"$n": value.meta["ac_id"]}
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$f": repr(value)}
+    if isinstance(value, tuple):
+        return {"$t": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return {"$dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"$device": str(value)}
+    if isinstance(value, torch.layout):
+        return {"$layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"$mf": str(value).removeprefix("torch.")}
+    raise ProfileFileError(f"cannot serialize graph argument {value!r} ({type(value).__name__})")
+
+
+def _decode(value: Any, env: dict[str, fx.Node], device: str | None) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, env, device) for v in value]
+    if not isinstance(value, dict):
+        return value
+    (tag, v), = value.items()
+    if tag == "$n":
+        return env[v]
+    if tag == "$t":
+        return tuple(_decode(x, env, device) for x in v)
+    if tag == "$f":
+        return float(v)
+    if tag == "$dtype":
+        return getattr(torch, v)
+    if tag == "$device":
+        return torch.device(device if device is not None and v != "cpu" else v)
+    if tag == "$layout":
+        return getattr(torch, v)
+    if tag == "$mf":
+        return getattr(torch, v)
+    raise ProfileFileError(f"unknown graph argument tag {tag}")
+
+
+def tensor_summary(val: Any) -> tuple[str, str]:
+    """(shape, dtype) strings of a node's output, for tables and fingerprints."""
+    if isinstance(val, torch.Tensor):
+        return "x".join(map(str, val.shape)) or "scalar", str(val.dtype).removeprefix("torch.")
+    if isinstance(val, (tuple, list)):
+        parts = [tensor_summary(v) for v in val if isinstance(v, torch.Tensor)]
+        return ",".join(p[0] for p in parts), ",".join(p[1] for p in parts)
+    return "", ""
+
+
+def serialize_step(step: CapturedStep) -> dict[str, Any]:
+    nodes = []
+    for node in step.gm.graph.nodes:
+        nodes.append({
+            "id": node.meta["ac_id"],
+            "name": node.name,
+            "op": node.op,
+            "target": target_name(node.target),
+            "args": _encode(node.args),
+            "kwargs": {k: _encode(v) for k, v in node.kwargs.items()},
+            "region": node.meta["ac_region"],
+            "module": node.meta.get("ac_module", ""),
+            "shape": node.meta["ac_shape"],
+            "dtype": node.meta["ac_dtype"],
+        })
+    return {
+        "nodes": nodes,
+        "inputs": [[s.kind, s.key] for s in step.inputs],
+        "grad_params": list(step.grad_params),
+    }
+
+
+def deserialize_step(graph: dict[str, Any], device: str | None = None) -> CapturedStep:
+    """Rebuild the captured step (same nodes, same ids) from :func:`serialize_step` output."""
+    g = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    try:
+        for rec in graph["nodes"]:
+            args = _decode(rec["args"], env, device)
+            kwargs = {k: _decode(v, env, device) for k, v in rec["kwargs"].items()}
+            if rec["op"] == "placeholder":
+                node = g.placeholder(rec["name"])
+            elif rec["op"] == "output":
+                node = g.output(args[0])
+            else:
+                node = g.create_node(rec["op"], resolve_target(rec["target"]), args, kwargs, name=rec["name"])
+            node.meta.update(ac_id=rec["id"], ac_region=rec["region"], ac_module=rec["module"],
+                             ac_shape=rec["shape"], ac_dtype=rec["dtype"])
+            env[rec["id"]] = node
+        gm = fx.GraphModule(torch.nn.Module(), g)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ProfileFileError(f"corrupt graph in profile ({type(exc).__name__}: {exc})") from exc
+    return CapturedStep(gm=gm, inputs=[InputSlot(k, key) for k, key in graph["inputs"]],
+                        grad_params=list(graph["grad_params"]))

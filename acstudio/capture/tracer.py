@@ -1,0 +1,277 @@
+"""Trace forward + loss + backward + ``optimizer.step()`` into one aten graph with ``make_fx`` (fake mode).
+
+Recipe (see shared/design/mutwo-algorithm.md, E.2): parameters and buffers are swapped for graph inputs with
+``torch.nn.utils.stateless`` (tied weights stay tied), the optimizer is pointed at those inputs and at its
+lifted state, gradients come from ``torch.autograd.grad`` (no accumulation into ``.grad``), and the optimizer
+runs with ``torch.compiler.is_compiling()`` patched to True so that torch.optim keeps its step counters as
+tensors instead of calling ``.item()``. Regions and module paths are recorded while tracing from the graph's
+length at phase boundaries and module hooks, so no marker ops enter the graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+from torch.nn.utils import stateless
+from torch.utils import _pytree as pytree
+
+from acstudio.capture.serialize import tensor_summary
+from acstudio.capture.step import CapturedStep, InputSlot
+from acstudio.errors import CaptureError
+from acstudio.jobs import CancelToken, ProgressFn, check, report
+
+
+def materialize_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's lazily-made state with one zero-gradient step, leaving parameters unchanged.
+
+    The captured step needs its state (momentum buffers, Adam moments, step counters) as graph inputs. A
+    zero-gradient step creates them with the optimizer's own code; parameters are restored afterwards because
+    decoupled weight decay would still move them.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if all(optimizer.state.get(p) for p in params):
+        return
+    saved = [p.detach().clone() for p in params]
+    old_grads = [p.grad for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    with torch.no_grad():
+        for p, s, g in zip(params, saved, old_grads):
+            p.copy_(s)
+            p.grad = g
+
+
+def resolve_foreach(optimizer: torch.optim.Optimizer) -> None:
+    """Pin ``foreach`` to what torch.optim would pick for the real tensors.
+
+    Under fake tensors torch.optim's default heuristic sees a non-native tensor type and would fall back to
+    the per-tensor loop, which allocates differently from the eager step that we are modelling.
+    """
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None:
+            _, foreach = _default_to_fused_or_foreach(group["params"], differentiable=False, use_fused=False)
+            group["foreach"] = bool(foreach)
+
+
+class _PhaseRecorder:
+    """Remembers graph length at phase boundaries and module entries/exits during ``make_fx`` tracing."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.names = {id(m): name for name, m in model.named_modules()}
+        self.phases: list[tuple[int, str]] = []
+        self.module_events: list[tuple[int, str]] = []
+        self._stack: list[str] = []
+
+    @staticmethod
+    def graph_len() -> int:
+        mode = get_proxy_mode()
+        return len(mode.tracer.graph.nodes) if mode is not None else 0
+
+    def phase(self, region: str) -> None:
+        self.phases.append((self.graph_len(), region))
+
+    @contextlib.contextmanager
+    def hooks(self) -> Iterator[None]:
+        def pre(module, args):
+            name = self.names.get(id(module))
+            if name is not None:
+                self._stack.append(name)
+                self.module_events.append((self.graph_len(), name))
+
+        def post(module, args, output):
+            if self.names.get(id(module)) is not None and self._stack:
+                self._stack.pop()
+                self.module_events.append((self.graph_len(), self._stack[-1] if self._stack else ""))
+
+        from torch.nn.modules import module as nn_module
+
+        h1 = nn_module.register_module_forward_pre_hook(pre)
+        h2 = nn_module.register_module_forward_hook(post)
+        try:
+            yield
+        finally:
+            h1.remove()
+            h2.remove()
+
+
+@contextlib.contextmanager
+def _optimizer_on(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], state: dict) -> Iterator[None]:
+    """Temporarily point the optimizer's param groups and state at traced tensors."""
+    saved_params = [g["params"] for g in optimizer.param_groups]
+    saved_state = optimizer.state
+    it = iter(params)
+    for g in optimizer.param_groups:
+        g["params"] = [next(it) for _ in g["params"]]
+    optimizer.state = defaultdict(dict, state)
+    try:
+        yield
+    finally:
+        for g, ps in zip(optimizer.param_groups, saved_params):
+            g["params"] = ps
+        optimizer.state = saved_state
+
+
+def capture_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    loss_fn,
+    *,
+    autocast_dtype: torch.dtype | None = None,
+    progress: ProgressFn | None = None,
+    cancel: CancelToken | None = None,
+) -> CapturedStep:
+    """Trace one whole training iteration of ``model`` (already on its device) into a ``CapturedStep``."""
+    report(progress, 0, 3, "preparing optimizer state")
+    materialize_optimizer_state(model, optimizer)
+    resolve_foreach(optimizer)
+    check(cancel)
+
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    group_params = [p for g in optimizer.param_groups for p in g["params"]]
+    fqn_of = {id(p): n for n, p in params.items()}
+    missing = [p for p in group_params if id(p) not in fqn_of]
+    if missing:
+        raise CaptureError("the optimizer holds tensors that are not parameters of the model")
+    slots: list[InputSlot] = [InputSlot("param", n) for n in params]
+    slots += [InputSlot("buffer", n) for n in buffers]
+    for p in group_params:
+        for name, value in optimizer.state[p].items():
+            if isinstance(value, torch.Tensor):
+                slots.append(InputSlot("opt_state", f"{fqn_of[id(p)]}/{name}"))
+    batch_leaves, batch_spec = pytree.tree_flatten(batch)
+    slots += [InputSlot("batch", str(i)) for i in range(len(batch_leaves))]
+
+    grad_params = [n for n, p in params.items() if p.requires_grad]
+    device_type = next(iter(params.values())).device.type if params else "cpu"
+    recorder = _PhaseRecorder(model)
+    n_params, n_buffers = len(params), len(buffers)
+
+    def step(flat: list[torch.Tensor]):
+        p_t = dict(zip(params, flat[:n_params]))
+        b_t = dict(zip(buffers, flat[n_params:n_params + n_buffers]))
+        for name in grad_params:
+            p_t[name].requires_grad_(True)
+        state: dict = defaultdict(dict)
+        for slot, t in zip(slots, flat):
+            if slot.kind == "opt_state":
+                fqn, _, key = slot.key.rpartition("/")
+                state[p_t[fqn]][key] = t
+        for p in group_params:  # non-tensor state (rare) is carried as is
+            for key, value in optimizer.state[p].items():
+                if not isinstance(value, torch.Tensor):
+                    state[p_t[fqn_of[id(p)]]][key] = value
+        traced_batch = pytree.tree_unflatten(flat[len(flat) - len(batch_leaves):], batch_spec)
+
+        with stateless._reparametrize_module(model, {**p_t, **b_t}, tie_weights=True):
+            recorder.phase("forward")
+            autocast = (torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype
+                        else contextlib.nullcontext())
+            with autocast, recorder.hooks(), _loss_boundary(model, recorder):
+                loss = loss_fn(model, traced_batch)
+            recorder.phase("backward")
+            grads = torch.autograd.grad(loss, [p_t[n] for n in grad_params])
+            recorder.phase("optimizer")
+            for name, g in zip(grad_params, grads):
+                p_t[name].grad = g
+            traced_params = [p_t[fqn_of[id(p)]] for p in group_params]
+            with _optimizer_on(optimizer, traced_params, state), \
+                    mock.patch("torch.compiler.is_compiling", lambda: True):
+                optimizer.step()
+            for name in grad_params:
+                p_t[name].grad = None
+        return [loss.detach(), *grads]
+
+    flat = [params[n].detach() for n in params] + [buffers[n] for n in buffers]
+    for p in group_params:
+        flat += [v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
+    flat += batch_leaves
+    report(progress, 1, 3, "tracing forward, backward and optimizer")
+    try:
+        gm = make_fx(step, tracing_mode="fake")(flat)
+    except CaptureError:
+        raise
+    except Exception as exc:
+        raise CaptureError(describe_trace_failure(exc)) from exc
+    check(cancel)
+    report(progress, 2, 3, "labelling nodes")
+    # Plain positional calling convention (``gm(*flat)``), the same as a graph rebuilt from a profile file.
+    gm.graph._codegen = fx.graph.CodeGen()
+    gm.recompile()
+    label_graph(gm, recorder)
+    report(progress, 3, 3, "captured")
+    return CapturedStep(gm=gm, inputs=slots, grad_params=grad_params)
+
+
+@contextlib.contextmanager
+def _loss_boundary(model: torch.nn.Module, recorder: _PhaseRecorder) -> Iterator[None]:
+    """Mark the start of the "loss" region when the root module's forward returns."""
+    handle = model.register_forward_hook(lambda *_: recorder.phase("loss"))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def describe_trace_failure(exc: Exception) -> str:
+    """Name the failing op and the user's source line, e.g. for data-dependent control flow."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "/torch/" not in f.filename and "/acstudio/" not in f.filename
+            and "/site-packages/" not in f.filename]
+    model_frames = [f for f in frames if "/torch/" not in f.filename and "/acstudio/" not in f.filename]
+    where = (user or model_frames or frames[-1:])[-1] if frames else None
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    kind = "data-dependent control flow or value" if "data-dependent" in str(exc).lower() or \
+        "DataDependent" in type(exc).__name__ else type(exc).__name__
+    loc = f" at {where.filename}:{where.lineno} ({where.line})" if where else ""
+    return f"cannot capture the training step as one graph: {kind}{loc}: {text}"
+
+
+def label_graph(gm: fx.GraphModule, recorder: _PhaseRecorder) -> None:
+    """Stamp every node with its stable id, region and module path (forward nodes from hooks, others inherited)."""
+    phases = recorder.phases  # chronological; a later phase that starts at the same index wins
+    events = sorted(recorder.module_events, key=lambda e: e[0])
+    for idx, node in enumerate(gm.graph.nodes):
+        node.meta["ac_id"] = f"n{idx:05d}"
+        node.meta["ac_shape"], node.meta["ac_dtype"] = tensor_summary(node.meta.get("val"))
+        if node.op == "placeholder":
+            region = "input"
+        elif node.op == "output":
+            region = "output"
+        else:
+            region = "forward"
+            for start, name in phases:
+                if idx >= start:
+                    region = name
+        node.meta["ac_region"] = region
+    # Module path of forward nodes: the innermost module active when the node was recorded.
+    current, e = "", 0
+    for idx, node in enumerate(gm.graph.nodes):
+        while e < len(events) and events[e][0] <= idx:
+            current = events[e][1]
+            e += 1
+        region = node.meta["ac_region"]
+        if region in ("forward", "loss"):
+            node.meta["ac_module"] = current if region == "forward" else "(loss)"
+        elif region == "backward":
+            # Backward ops inherit the module of the forward values they read, else of their backward inputs.
+            mods = [a.meta.get("ac_module", "") for a in node.all_input_nodes
+                    if a.meta.get("ac_region") in ("forward", "loss")]
+            mods = mods or [a.meta.get("ac_module", "") for a in node.all_input_nodes]
+            node.meta["ac_module"] = next((m for m in mods if m), "")
+        elif region == "optimizer":
+            node.meta["ac_module"] = "(optimizer)"
+        else:
+            node.meta["ac_module"] = ""

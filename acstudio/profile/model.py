@@ -1,0 +1,216 @@
+"""``Profile``: the one data model shared by planner, simulator, rewriter, exports, CLI and GUI.
+
+Everything refers to graph nodes by their capture-time id (``"n00042"``), never by name or rank. Memory is in
+bytes, time in milliseconds. Tensors are tracked per *storage*, so views and in-place results are never
+counted twice: a storage is identified by the id of the node that allocated it.
+
+The profile also carries the captured graph itself (``graph``, see :mod:`acstudio.capture.serialize`), so the
+rewriter works on exactly the graph that was measured, with the same ids, without re-tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from acstudio.fileio import read_document, write_document, write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA = "acstudio.profile"
+SCHEMA_VERSION = 1
+
+# Node regions in iteration order; "input" are placeholders, "output" the graph's output node.
+REGIONS = ("input", "forward", "loss", "backward", "optimizer", "output")
+# Storage categories (what the memory timeline stacks).
+CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary")
+
+
+@dataclass
+class NodeRecord:
+    """One node of the captured graph with its measurements.
+
+    ``replay`` is ``"ok"`` when the node may be re-executed in backward to recompute an activation, otherwise
+    the reason it may not (``"random"``, ``"mutates graph state"``, ``"placeholder"``, ``"optimizer"``, ...).
+    ``storage`` is the id of the storage the node's (first) tensor output lives in: the node's own id when it
+    allocates, its base's id when it is a view or an in-place op, ``""`` when it outputs no tensor.
+    ``mem_after`` / ``mem_peak`` are the device's allocated bytes after the node and the high-water mark
+    during it (CUDA allocator statistics on GPU, storage accounting on CPU).
+    """
+
+    id: str
+    name: str
+    op: str
+    target: str
+    region: str
+    module: str
+    inputs: list[str]
+    shape: str
+    dtype: str
+    storage: str
+    new_bytes: int
+    replay: str
+    run_time_ms: float = 0.0
+    mem_after: int = 0
+    mem_peak: int = 0
+
+
+@dataclass
+class TensorRecord:
+    """One storage: who allocated it, its size, category, and the node range over which it is alive."""
+
+    id: str
+    bytes: int
+    category: str
+    created_at: str
+    freed_after: str  # last node that needs it ("" = lives past the end of the iteration)
+    aliases: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ActivationRecord:
+    """A storage created in forward (or loss) and still needed in backward.
+
+    ``recomputable`` tells whether μ-TWO may free it and recompute it before ``first_bw_use``; ``reason``
+    says why not otherwise. ``inactive_time_ms`` is the run time between its last forward and first backward
+    use (the paper's definition).
+    """
+
+    id: str
+    bytes: int
+    created_at: str
+    last_fw_use: str
+    first_bw_use: str
+    last_bw_use: str
+    inactive_time_ms: float
+    recomputable: bool
+    reason: str = ""
+
+
+@dataclass
+class Profile:
+    workload: dict[str, Any]
+    environment: dict[str, Any]
+    graph: dict[str, Any]
+    nodes: list[NodeRecord]
+    tensors: list[TensorRecord]
+    activations: list[ActivationRecord]
+    peak_bytes: int
+    peak_node: str
+    peak_breakdown: dict[str, int]
+    iteration_ms: float
+    iterations: dict[str, int] = field(default_factory=dict)
+
+    # -- identity --------------------------------------------------------------------------------------
+    @cached_property
+    def fingerprint(self) -> str:
+        """Hash of the captured graph (ops, wiring, shapes): plans and exports are refused on any other."""
+        blob = json.dumps(self.graph, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @cached_property
+    def node_index(self) -> dict[str, int]:
+        return {n.id: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def node_by_id(self) -> dict[str, NodeRecord]:
+        return {n.id: n for n in self.nodes}
+
+    @cached_property
+    def activation_by_id(self) -> dict[str, ActivationRecord]:
+        return {a.id: a for a in self.activations}
+
+    @property
+    def label(self) -> str:
+        w = self.workload
+        return f"{w['model']} bs{w['batch_size']} {w['optimizer']} {w['precision']} on {self.environment['device']}"
+
+    def category_bytes(self) -> dict[str, int]:
+        out = dict.fromkeys(CATEGORIES, 0)
+        for t in self.tensors:
+            out[t.category] += t.bytes
+        return out
+
+    # -- persistence -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "environment": self.environment,
+            "graph": self.graph,
+            "nodes": [dataclasses.astuple(n) for n in self.nodes],
+            "tensors": [dataclasses.asdict(t) for t in self.tensors],
+            "activations": [dataclasses.astuple(a) for a in self.activations],
+            "peak_bytes": self.peak_bytes,
+            "peak_node": self.peak_node,
+            "peak_breakdown": self.peak_breakdown,
+            "iteration_ms": self.iteration_ms,
+            "iterations": self.iterations,
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Atomically write the profile as schema-versioned JSON (gzipped if the name ends in ``.gz``)."""
+        write_document(path, SCHEMA, SCHEMA_VERSION, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        return cls(
+            workload=d["workload"],
+            environment=d["environment"],
+            graph=d["graph"],
+            nodes=[NodeRecord(*row) for row in d["nodes"]],
+            tensors=[TensorRecord(**t) for t in d["tensors"]],
+            activations=[ActivationRecord(*row) for row in d["activations"]],
+            peak_bytes=d["peak_bytes"],
+            peak_node=d["peak_node"],
+            peak_breakdown=d["peak_breakdown"],
+            iteration_ms=d["iteration_ms"],
+            iterations=d.get("iterations", {}),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Profile:
+        from acstudio.errors import ProfileFileError
+
+        doc = read_document(path, SCHEMA, SCHEMA_VERSION)
+        try:
+            return cls.from_dict(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileFileError(f"{path}: corrupt profile ({type(exc).__name__}: {exc})") from exc
+
+    # -- tables -----------------------------------------------------------------------------------------
+    def nodes_df(self) -> pd.DataFrame:
+        import pandas as pd
+
+        df = pd.DataFrame([dataclasses.asdict(n) for n in self.nodes])
+        df["inputs"] = df["inputs"].map(" ".join)
+        return df.set_index("id")
+
+    def activations_df(self) -> pd.DataFrame:
+        import pandas as pd
+
+        cols = [f.name for f in dataclasses.fields(ActivationRecord)]
+        df = pd.DataFrame([dataclasses.astuple(a) for a in self.activations], columns=cols)
+        return df.set_index("id")
+
+    def tensors_df(self) -> pd.DataFrame:
+        import pandas as pd
+
+        df = pd.DataFrame([dataclasses.asdict(t) for t in self.tensors])
+        if not df.empty:
+            df["aliases"] = df["aliases"].map(" ".join)
+        return df.set_index("id") if not df.empty else df
+
+    def export_csv(self, directory: str | os.PathLike) -> list[str]:
+        """Write ``nodes.csv`` and ``activations.csv`` (atomically) and return their paths."""
+        paths = []
+        for name, df in (("nodes.csv", self.nodes_df()), ("activations.csv", self.activations_df())):
+            path = os.path.join(directory, name)
+            write_text(path, df.to_csv())
+            paths.append(path)
+        return paths

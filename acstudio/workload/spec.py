@@ -1,0 +1,130 @@
+"""The workload spec: everything needed to rebuild a model, batch, loss and optimizer, and nothing else.
+
+A spec is stored inside every profile so that the profile can be reproduced (and its step re-captured on
+another device for verification) from the file alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from acstudio.errors import ACStudioError
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+PRECISIONS = ("fp32", "bf16")
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """How to rebuild one training configuration. ``model`` is a zoo name or ``file.py:factory``."""
+
+    model: str
+    batch_size: int
+    optimizer: str = "adam"
+    precision: str = "fp32"
+    image_size: int = 224
+    seq_len: int = 512
+    config: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ACStudioError(f"batch size must be at least 1, got {self.batch_size}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ACStudioError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.precision not in PRECISIONS:
+            raise ACStudioError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["config"] = [list(kv) for kv in self.config]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WorkloadSpec:
+        d = dict(d)
+        d["config"] = tuple((str(k), str(v)) for k, v in d.get("config", ()))
+        return cls(**d)
+
+    def with_batch_size(self, batch_size: int) -> WorkloadSpec:
+        return dataclasses.replace(self, batch_size=batch_size)
+
+    def cli_args(self) -> str:
+        """The ``acstudio profile`` arguments that rebuild this workload."""
+        parts = [self.model, "--batch-size", str(self.batch_size), "--optimizer", self.optimizer,
+                 "--precision", self.precision, "--image-size", str(self.image_size),
+                 "--seq-len", str(self.seq_len)]
+        for k, v in self.config:
+            parts += ["--config", f"{k}={v}"]
+        return shlex.join(parts)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} bs{self.batch_size} {self.optimizer} {self.precision}"
+
+
+@dataclass
+class Workload:
+    """A built workload: a model in train mode, one batch, the loss function and an optimizer factory."""
+
+    spec: WorkloadSpec
+    model: torch.nn.Module
+    batch: Any
+    loss_fn: LossFn
+    family: str  # "torchvision", "transformers" or "custom"
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.spec.optimizer, self.model.parameters())
+
+    def to(self, device: torch.device | str) -> Workload:
+        self.model.to(device)
+        self.batch = move_batch(self.batch, device)
+        return self
+
+
+def make_optimizer(name: str, params) -> torch.optim.Optimizer:
+    """torch.optim's own implementations with the settings a practitioner would start from."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    raise ACStudioError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def move_batch(batch: Any, device: torch.device | str) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: move_batch(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_batch(v, device) for v in batch)
+    return batch
+
+
+def build_workload(spec: WorkloadSpec) -> Workload:
+    """Build the model (random init, seeded), a batch and the loss function, on the CPU."""
+    from acstudio.workload import custom, zoo
+
+    torch.manual_seed(spec.seed)
+    if ":" in spec.model:
+        workload = custom.build(spec)
+    else:
+        workload = zoo.build(spec)
+    workload.model.train()
+    return workload
+
+
+def list_models() -> dict[str, list[str]]:
+    from acstudio.workload import zoo
+
+    return zoo.list_models()

@@ -1,0 +1,32 @@
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest
+import torch
+
+# Tiny configurations of the three kinds of model the issues name: CNN with BatchNorm, encoder with dropout
+# and an attention mask, decoder LM with tied weights.
+TINY_BERT = ("num_hidden_layers=2", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
+             "vocab_size=120", "max_position_embeddings=64")
+TINY_GPT2 = ("n_layer=2", "n_embd=32", "n_head=2", "vocab_size=120", "n_positions=64")
+
+
+def tiny_spec(model: str, **kw):
+    from acstudio.workload import WorkloadSpec
+
+    config = {"bert": TINY_BERT, "gpt2": TINY_GPT2}.get(model.split("-")[0], ())
+    defaults = dict(batch_size=2, image_size=32, seq_len=16,
+                    config=tuple(tuple(c.split("=", 1)) for c in config))
+    defaults.update(kw)
+    return WorkloadSpec(model, **defaults)
+
+
+@pytest.fixture
+def cpu_only_deterministic():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
