@@ -16,8 +16,8 @@ def tiny_spec(model: str, **kw):
     from acstudio.workload import WorkloadSpec
 
     config = {"bert": TINY_BERT, "gpt2": TINY_GPT2}.get(model.split("-")[0], ())
-    defaults = dict(batch_size=2, image_size=32, seq_len=16,
-                    config=tuple(tuple(c.split("=", 1)) for c in config))
+    defaults = {"batch_size": 2, "image_size": 32, "seq_len": 16,
+                    "config": tuple(tuple(c.split("=", 1)) for c in config)}
     defaults.update(kw)
     return WorkloadSpec(model, **defaults)
 

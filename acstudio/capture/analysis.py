@@ -161,7 +161,8 @@ def analyze(step: CapturedStep, device_type: str) -> GraphAnalysis:
         nodes.append(NodeRecord(
             id=ids[i], name=node.name, op=node.op, target=target_name(node.target), region=regions[i],
             module=node.meta.get("ac_module", ""), inputs=[a.meta["ac_id"] for a in node.all_input_nodes],
-            shape=node.meta["ac_shape"], dtype=node.meta["ac_dtype"], storage=node_storages[i][0] if node_storages[i] else "",
+            shape=node.meta["ac_shape"], dtype=node.meta["ac_dtype"],
+            storage=node_storages[i][0] if node_storages[i] else "",
             new_bytes=new_bytes[i], replay=replay[i]))
 
     activations = []
