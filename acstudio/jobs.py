@@ -58,7 +58,7 @@ class TerminalProgress:
     def __call__(self, done: int, total: int, message: str) -> None:
         now = time.monotonic()
         final = total > 0 and done >= total
-        if not final and message == self._last_message and now - self._last_draw < 0.1:
+        if not final and now - self._last_draw < 0.1:
             return
         self._last_draw, self._last_message = now, message
         frac = min(1.0, done / total) if total else 0.0

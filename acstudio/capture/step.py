@@ -56,7 +56,13 @@ class CapturedStep:
         return flat
 
     def run(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> torch.Tensor:
-        """One training iteration through the graph; sets ``.grad`` like eager backward and returns the loss."""
+        """One training iteration through the graph; sets ``.grad`` like eager backward and returns the loss.
+
+        Old gradients are dropped first, as ``optimizer.zero_grad(set_to_none=True)`` would, so they do not
+        occupy memory while the next step runs.
+        """
+        for p in model.parameters():
+            p.grad = None
         with torch.no_grad():
             loss, *grads = self.gm(*self.flat_inputs(model, optimizer, batch))
         params = dict(model.named_parameters())

@@ -1,0 +1,267 @@
+"""Run the captured graph node by node on the device and measure time and memory per node.
+
+GPU: CUDA events around every node (median of the measured iterations), ``memory_allocated`` after the node
+and ``max_memory_allocated`` during it (peak counter reset before each node). CPU: host clock for time and
+storage accounting for memory (the same free-after-last-use rule the GPU run follows), so the whole app works
+on any machine. Values are freed after their last use exactly as FX's generated code frees them, so the
+measured peak is the peak of the real step.
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import torch
+import torch.fx as fx
+
+from acstudio.capture import CapturedStep, capture_step
+from acstudio.capture.analysis import GraphAnalysis, analyze
+from acstudio.capture.serialize import serialize_step
+from acstudio.errors import ACStudioError, Cancelled, DeviceError, OutOfMemoryError
+from acstudio.jobs import CancelToken, ProgressFn, check, report
+from acstudio.profile.model import CATEGORIES, Profile
+from acstudio.workload import WorkloadSpec, build_workload
+
+_REPORT_EVERY = 64  # nodes between progress callbacks / cancel checks
+
+
+def resolve_device(device: str) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda was requested but no CUDA GPU is available here; use --device cpu")
+    if dev.type not in ("cuda", "cpu"):
+        raise DeviceError(f"unsupported device {device!r}; use cuda or cpu")
+    return dev
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU ({platform.machine()})"
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def free_schedule(gm: fx.GraphModule) -> list[list[fx.Node]]:
+    """For each node position, the values whose last use it is (deleted right after, like FX codegen)."""
+    nodes = list(gm.graph.nodes)
+    last: dict[fx.Node, int] = {}
+    for i, node in enumerate(nodes):
+        last.setdefault(node, i)  # unused values die where they are made
+        for a in node.all_input_nodes:
+            last[a] = i
+    schedule: list[list[fx.Node]] = [[] for _ in nodes]
+    for node, i in last.items():
+        if nodes[i].op != "output":
+            schedule[i].append(node)
+    return schedule
+
+
+class NodeTimer:
+    """Per-node timing and memory readings for one device; CUDA events on GPU, perf_counter on CPU."""
+
+    def __init__(self, dev: torch.device, n: int) -> None:
+        self.cuda = dev.type == "cuda"
+        self.n = n
+        if self.cuda:
+            self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            self.mem_after = [0] * n
+            self.mem_peak = [0] * n
+        self.host_ms = [0.0] * n
+        self._t0 = 0.0
+
+    def before(self, i: int) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self.starts[i].record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def after(self, i: int) -> None:
+        if self.cuda:
+            self.ends[i].record()
+            self.mem_after[i] = torch.cuda.memory_allocated()
+            self.mem_peak[i] = torch.cuda.max_memory_allocated()
+        else:
+            self.host_ms[i] = (time.perf_counter() - self._t0) * 1e3
+
+    def times_ms(self, active: list[bool]) -> list[float]:
+        if not self.cuda:
+            return list(self.host_ms)
+        torch.cuda.synchronize()
+        return [self.starts[i].elapsed_time(self.ends[i]) if active[i] else 0.0 for i in range(self.n)]
+
+
+def run_node_by_node(step: CapturedStep, flat: list, timer: NodeTimer,
+                     on_node: Callable[[int], None] | None = None) -> None:
+    """Interpret the graph, freeing each value after its last use; ``timer`` records every node."""
+    nodes = list(step.gm.graph.nodes)
+    schedule = free_schedule(step.gm)
+    env: dict[fx.Node, object] = {}
+    inputs = iter(flat)
+    try:
+        for i, node in enumerate(nodes):
+            if node.op == "placeholder":
+                env[node] = next(inputs)
+            elif node.op == "call_function":
+                args = fx.node.map_arg(node.args, env.__getitem__)
+                kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+                timer.before(i)
+                env[node] = node.target(*args, **kwargs)
+                timer.after(i)
+            for dead in schedule[i]:
+                env.pop(dead, None)
+            if on_node is not None and i % _REPORT_EVERY == 0:
+                on_node(i)
+    finally:
+        env.clear()
+
+
+def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: int = 1, iterations: int = 3,
+                 progress: ProgressFn | None = None, cancel: CancelToken | None = None,
+                 analysis: GraphAnalysis | None = None) -> tuple[GraphAnalysis, dict]:
+    """Measure ``step`` on ``flat`` inputs (updated in place, like real training) and fill the analysis in."""
+    analysis = analysis or analyze(step, dev.type)
+    nodes = list(step.gm.graph.nodes)
+    n = len(nodes)
+    active = [node.op == "call_function" for node in nodes]
+    total = (warmup + iterations) * n
+    samples: list[list[float]] = []
+    peaks: list[tuple[list[int], list[int]]] = []
+    for it in range(warmup + iterations):
+        timer = NodeTimer(dev, n)
+        phase = "warm-up" if it < warmup else f"iteration {it - warmup + 1}/{iterations}"
+
+        def on_node(i: int, it=it, phase=phase) -> None:
+            check(cancel)
+            report(progress, it * n + i, total, f"{phase}: node {i}/{n}")
+
+        run_node_by_node(step, flat, timer, on_node)
+        if it >= warmup:
+            samples.append(timer.times_ms(active))
+            if timer.cuda:
+                peaks.append((timer.mem_after, timer.mem_peak))
+    report(progress, total, total, "measured")
+    run_ms = [statistics.median(s[i] for s in samples) for i in range(n)]
+
+    if dev.type == "cuda":
+        mem_after, mem_peak = peaks[-1]
+        # Placeholders are resident before the first node runs: give them the first op's starting level.
+        first = next(i for i in range(n) if active[i])
+        base = mem_peak[first] if first < n else 0
+        for i in range(first):
+            mem_after[i] = mem_peak[i] = min(base, mem_after[first])
+    else:
+        live = analysis.live_bytes_after()
+        mem_after = live
+        mem_peak = [(live[i - 1] if i else 0) + rec.new_bytes for i, rec in enumerate(analysis.nodes)]
+        mem_peak = [max(p, a) for p, a in zip(mem_peak, mem_after)]
+    for rec, t, a, p in zip(analysis.nodes, run_ms, mem_after, mem_peak):
+        rec.run_time_ms, rec.mem_after, rec.mem_peak = float(t), int(a), int(p)
+    index = {rec.id: i for i, rec in enumerate(analysis.nodes)}
+    prefix = [0.0]
+    for t in run_ms:
+        prefix.append(prefix[-1] + t)
+    for act in analysis.activations:
+        lo, hi = index[act.last_fw_use], index[act.first_bw_use]
+        act.inactive_time_ms = float(prefix[hi] - prefix[lo + 1]) if hi > lo + 1 else 0.0
+    return analysis, {"warmup": warmup, "iterations": iterations}
+
+
+def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: int = 3) -> tuple[float, int]:
+    """Median wall time of the compiled-to-Python graph (no per-node hooks) and its peak allocation."""
+    times = []
+    peak = 0
+    for _ in range(repeats):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = step.gm(*flat)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            peak = max(peak, torch.cuda.max_memory_allocated())
+        times.append((time.perf_counter() - t0) * 1e3)
+        del out
+    return statistics.median(times), peak
+
+
+def peak_breakdown(analysis: GraphAnalysis, peak_index: int, peak_bytes: int) -> dict[str, int]:
+    """Bytes per category alive at the peak node; ``other`` is what the allocator holds beyond our storages."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    size = {t.id: (t.bytes, t.category) for t in analysis.tensors}
+    for sid, (start, end) in analysis.live_range.items():
+        if start <= peak_index and (end is None or end >= peak_index):
+            nbytes, cat = size[sid]
+            out[cat] += nbytes
+    out["other"] = peak_bytes - sum(out.values())
+    return out
+
+
+def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1, iterations: int = 3,
+                     progress: ProgressFn | None = None, cancel: CancelToken | None = None,
+                     command: str | None = None) -> Profile:
+    """Build, capture and measure one training iteration of ``spec`` on ``device``; return its ``Profile``."""
+    if iterations < 3:
+        raise ACStudioError("at least 3 measured iterations are needed for a median")
+    dev = resolve_device(device)
+    stage = "building the model"
+    workload = step = flat = None
+    try:
+        report(progress, 0, 1, stage)
+        workload = build_workload(spec).to(dev)
+        optimizer = workload.make_optimizer()
+        check(cancel)
+        stage = "capturing the training step"
+        t0 = time.perf_counter()
+        step = capture_step(workload.model, optimizer, workload.batch, workload.loss_fn,
+                            autocast_dtype=torch.bfloat16 if spec.precision == "bf16" else None,
+                            progress=progress, cancel=cancel)
+        capture_s = time.perf_counter() - t0
+        flat = step.flat_inputs(workload.model, optimizer, workload.batch)
+        stage = "measuring"
+        analysis, iters = profile_step(step, flat, dev, warmup=warmup, iterations=iterations,
+                                       progress=progress, cancel=cancel)
+        stage = "timing the whole step"
+        iteration_ms, step_peak = time_whole_step(step, flat, dev)
+        graph = serialize_step(step)
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemoryError(
+            f"CUDA out of memory while {stage} for {spec.label} (batch size {spec.batch_size}); "
+            f"GPU memory has been released — try a smaller batch size") from exc
+    except Cancelled:
+        raise
+    finally:
+        del workload, step, flat
+        free_device_memory()
+
+    peaks = [rec.mem_peak for rec in analysis.nodes]
+    peak_index = max(range(len(peaks)), key=peaks.__getitem__)
+    env = {
+        "device": device_name(dev),
+        "device_type": dev.type,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command or f"acstudio profile {spec.cli_args()} --device {dev.type}",
+        "capture_s": round(capture_s, 3),
+        "step_peak_bytes": step_peak if dev.type == "cuda" else peaks[peak_index],
+    }
+    return Profile(
+        workload=spec.to_dict(), environment=env, graph=graph, nodes=analysis.nodes, tensors=analysis.tensors,
+        activations=analysis.activations, peak_bytes=int(peaks[peak_index]),
+        peak_node=analysis.nodes[peak_index].id,
+        peak_breakdown=peak_breakdown(analysis, peak_index, int(peaks[peak_index])),
+        iteration_ms=float(iteration_ms), iterations=iters)
