@@ -1,0 +1,179 @@
+"""Budget panel: slider and spin box in GiB, solver choice, live prediction, and the Pareto chart.
+
+The slider emits ``budgetPreview`` on every tick (cheap consumers only: the timeline's budget line) and
+``budgetChanged`` once dragging pauses for :data:`DEBOUNCE_MS` or the slider is released (superqt's
+``qdebounced`` idea), so a fast drag costs a handful of plan look-ups, not one per pixel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QSlider,
+    QVBoxLayout,
+    QWidget,
+)
+
+from acstudio.plan.budget import format_bytes
+
+GIB = float(2**30)
+STEPS = 1000  # slider resolution between the floor and the baseline peak
+DEBOUNCE_MS = 40
+SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120), (0, 150, 170)]
+
+
+class BudgetPanel(QWidget):
+    budgetChanged = Signal(int)
+    budgetPreview = Signal(int)
+    solverChanged = Signal(str)
+
+    def __init__(self, solvers: tuple[str, ...], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._floor, self._top = 0, 1
+        self._syncing = False
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setRange(0, STEPS)
+        self.slider.setToolTip("Memory budget, from the checkpointing floor (left) to the peak without it (right)")
+        self.spin = QDoubleSpinBox()
+        self.spin.setDecimals(3)
+        self.spin.setSuffix(" GiB")
+        self.spin.setKeyboardTracking(False)
+        self.spin.setSingleStep(0.1)
+        self.solver = QComboBox()
+        self.solver.addItems(list(solvers))
+        self.solver.currentTextChanged.connect(self.solverChanged)
+        self.range_label = QLabel("")
+        self.peak_label = QLabel("–")
+        self.extra_label = QLabel("–")
+        self.status_label = QLabel("–")
+        self.status_label.setWordWrap(True)
+        self.count_label = QLabel("–")
+        row = QHBoxLayout()
+        row.addWidget(self.slider, 1)
+        row.addWidget(self.spin)
+        form = QFormLayout()
+        form.addRow("Budget", row)
+        form.addRow("", self.range_label)
+        form.addRow("Solver", self.solver)
+        form.addRow("Predicted peak", self.peak_label)
+        form.addRow("Extra time", self.extra_label)
+        form.addRow("Recomputed", self.count_label)
+        form.addRow("Status", self.status_label)
+        self.pareto = pg.PlotWidget(background="w")
+        self.pareto.setMinimumHeight(160)
+        item = self.pareto.getPlotItem()
+        item.setLabel("bottom", "extra time per iteration (ms)")
+        item.setLabel("left", "peak (GiB)")
+        item.showGrid(x=True, y=True, alpha=0.3)
+        item.addLegend(offset=(-10, 10), labelTextSize="7pt")
+        self.curve = item.plot([], [], pen=pg.mkPen((70, 130, 220), width=2), name="μ-TWO", stepMode=None)
+        self.others: dict[str, pg.PlotDataItem] = {}
+        self.measured = pg.ScatterPlotItem(size=9, symbol="s", brush=pg.mkBrush(0, 160, 160),
+                                           pen=pg.mkPen("k"), name="measured")
+        item.addItem(self.measured)
+        self.current = pg.ScatterPlotItem(size=13, symbol="o", brush=pg.mkBrush(220, 30, 30), pen=pg.mkPen("k"))
+        self.current.setZValue(10)
+        item.addItem(self.current)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.pareto, 1)
+        self._debounce = QTimer(self)
+        self._debounce.setSingleShot(True)
+        self._debounce.setInterval(DEBOUNCE_MS)
+        self._debounce.timeout.connect(self._commit)
+        self.slider.valueChanged.connect(self._on_slider)
+        self.slider.sliderReleased.connect(self._commit)
+        self.spin.valueChanged.connect(self._on_spin)
+
+    # -- range and value -------------------------------------------------------------------------------------
+    def set_range(self, floor_bytes: int, top_bytes: int) -> None:
+        self._floor, self._top = int(floor_bytes), max(int(top_bytes), int(floor_bytes) + 1)
+        self._syncing = True
+        try:
+            self.spin.setRange(self._floor / GIB, self._top / GIB)
+            self.spin.setSingleStep(max((self._top - self._floor) / GIB / 50, 0.001))
+        finally:
+            self._syncing = False
+        self.range_label.setText(f"floor {format_bytes(self._floor)} · no checkpointing {format_bytes(self._top)}")
+
+    def budget_bytes(self) -> int:
+        return round(self._floor + (self._top - self._floor) * self.slider.value() / STEPS)
+
+    def set_budget(self, budget_bytes: int) -> None:
+        """Move slider and spin box to ``budget_bytes`` without emitting anything."""
+        self._syncing = True
+        try:
+            frac = (budget_bytes - self._floor) / (self._top - self._floor)
+            self.slider.setValue(round(min(max(frac, 0.0), 1.0) * STEPS))
+            self.spin.setValue(budget_bytes / GIB)
+        finally:
+            self._syncing = False
+
+    def _on_slider(self, _value: int) -> None:
+        if self._syncing:
+            return
+        budget = self.budget_bytes()
+        self._syncing = True
+        try:
+            self.spin.setValue(budget / GIB)
+        finally:
+            self._syncing = False
+        self.budgetPreview.emit(budget)
+        self._debounce.start()
+
+    def _commit(self) -> None:
+        self._debounce.stop()
+        if not self._syncing:
+            self.budgetChanged.emit(self.budget_bytes())
+
+    def _on_spin(self, gib: float) -> None:
+        if self._syncing:
+            return
+        budget = round(gib * GIB)
+        self.set_budget(budget)
+        self.budgetPreview.emit(budget)
+        self.budgetChanged.emit(budget)
+
+    # -- prediction and Pareto chart -------------------------------------------------------------------------
+    def show_prediction(self, peak_bytes: int, extra_ms: float, iteration_ms: float, recomputed: int,
+                        candidates: int, feasible: bool, reason: str) -> None:
+        self.peak_label.setText(format_bytes(peak_bytes))
+        pct = f" ({100 * extra_ms / iteration_ms:.1f}% of {iteration_ms:.1f} ms)" if iteration_ms > 0 else ""
+        self.extra_label.setText(f"{extra_ms:.2f} ms{pct}")
+        self.count_label.setText(f"{recomputed} of {candidates} activations")
+        colour = "#207020" if feasible else "#b01010"
+        text = "fits the budget" if feasible else "does not fit"
+        self.status_label.setText(f'<span style="color:{colour}"><b>{text}</b></span> {reason}')
+
+    def set_curve(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
+        self.curve.setData(np.asarray(extra_ms, dtype=float), np.asarray(peak_bytes, dtype=float) / GIB)
+
+    def set_other(self, solver: str, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
+        curve = self.others.get(solver)
+        if curve is None:
+            r, g, b = SOLVER_COLOURS[len(self.others) % len(SOLVER_COLOURS)]
+            curve = self.pareto.getPlotItem().plot([], [], pen=pg.mkPen((r, g, b), width=1), symbol="o",
+                                                   symbolSize=5, symbolBrush=(r, g, b), name=solver)
+            self.others[solver] = curve
+        order = np.argsort(extra_ms)
+        curve.setData(np.asarray(extra_ms, dtype=float)[order], np.asarray(peak_bytes, dtype=float)[order] / GIB)
+
+    def clear_others(self) -> None:
+        for curve in self.others.values():
+            self.pareto.getPlotItem().removeItem(curve)
+            self.pareto.getPlotItem().legend.removeItem(curve)
+        self.others = {}
+        self.measured.setData([], [])
+
+    def set_measured(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
+        self.measured.setData(np.asarray(extra_ms, dtype=float), np.asarray(peak_bytes, dtype=float) / GIB)
+
+    def set_current(self, extra_ms: float, peak_bytes: int) -> None:
+        self.current.setData([float(extra_ms)], [peak_bytes / GIB])

@@ -1,0 +1,441 @@
+"""Geometry of the node graph view: module-hierarchy grouping and its layout. No Qt in here.
+
+A whole-iteration graph has thousands of nodes (ResNet-152 with Adam: ~13k), far too many to draw or to lay
+out at once. Nodes are therefore grouped by a path ``region / module / sub-module / ...`` (forward and
+backward nodes by their module, optimizer nodes and inputs by the module of the parameter they touch), and
+only an *expansion state* (a set of expanded group keys) is shown: every node is drawn as its deepest
+visible ancestor. Groups with many direct leaf nodes are cut into chunks of consecutive nodes so that no
+expansion shows more than :data:`CHUNK` leaves at once.
+
+Each expansion state is laid out once, by graphviz ``dot`` when it is installed and by a layered layout in
+Python otherwise, and dot layouts are cached on disk by profile fingerprint. The view then only recolours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from acstudio.fileio import write_text
+from acstudio.profile.model import REGIONS, Profile
+
+CHUNK = 60  # most leaf nodes a group shows directly when expanded
+LAYOUT_VERSION = 2  # bump when the geometry below changes, so stale disk caches are ignored
+REGION_TITLES = {"input": "inputs", "forward": "forward", "loss": "loss", "backward": "backward",
+                 "optimizer": "optimizer", "output": "output"}
+SLOT_TITLES = {"param": "parameters", "buffer": "buffers", "opt_state": "optimizer state", "batch": "batch"}
+# Edges touching inputs or the output node are not drawn: every parameter feeds forward, backward and the
+# optimizer, and every gradient feeds the output, so those edges would cover everything else.
+NO_EDGE_REGIONS = ("input", "output")
+SEP = "/"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One box on screen: a collapsed group or a single node. ``nodes`` are indices into ``profile.nodes``."""
+
+    key: str
+    label: str
+    region: str
+    nodes: tuple[int, ...]
+    is_group: bool
+    bytes: int
+
+
+@dataclass(frozen=True)
+class View:
+    """What one expansion state shows: items, aggregated edges between them, and expanded groups as frames."""
+
+    items: list[Item]
+    edges: list[tuple[int, int]]
+    clusters: list[tuple[str, str, tuple[int, ...]]]  # (group key, label, item indices inside it)
+    node_item: np.ndarray  # profile node index -> item index
+
+
+@dataclass
+class Layout:
+    """Scene geometry in points, y pointing down. ``boxes[i]`` is (x, y, w, h) of ``view.items[i]``."""
+
+    boxes: list[tuple[float, float, float, float]]
+    edges: list[list[tuple[float, float]]]  # per view edge: cubic Bézier points p0 c1 c2 p1 c1 c2 p2 ...
+    clusters: list[tuple[str, str, tuple[float, float, float, float]]]  # (key, label, rect)
+    engine: str  # "dot" or "layered"
+
+
+def _module_parts(module: str) -> tuple[str, ...]:
+    if not module or module.startswith("("):  # "(loss)", "(optimizer)": the region already says it
+        return ()
+    return tuple(module.split("."))
+
+
+def _param_module(slot: tuple[str, str]) -> tuple[str, ...]:
+    """Module path of a graph input: ``layer1.0.conv1.weight/exp_avg`` -> ``layer1.0.conv1``."""
+    kind, key = slot
+    if kind == "batch":
+        return ()
+    fqn = key.rpartition("/")[0] if kind == "opt_state" else key
+    return _module_parts(fqn.rpartition(".")[0])
+
+
+class ModuleTree:
+    """Group paths of every node of a profile, and the visible :class:`View` of any expansion state."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        nodes = profile.nodes
+        index = profile.node_index
+        slots = [tuple(s) for s in profile.graph.get("inputs", [])]
+        placeholder_no = {}
+        paths: list[tuple[str, ...]] = []
+        opt_module: dict[str, tuple[str, ...]] = {}
+        for n in nodes:
+            if n.region == "input":
+                k = placeholder_no.setdefault(n.id, len(placeholder_no))
+                slot = slots[k] if k < len(slots) else ("batch", "")
+                module = _param_module(slot)
+                opt_module[n.id] = module
+                path = ("input", SLOT_TITLES.get(slot[0], slot[0]), *module)
+            elif n.region == "optimizer":
+                # The optimizer updates one parameter at a time: attribute each op to the module of the
+                # first parameter/state it reads, directly or through earlier optimizer ops.
+                module = next((opt_module[s] for s in n.inputs if opt_module.get(s)), ())
+                opt_module[n.id] = module
+                path = ("optimizer", *module)
+            elif n.region in ("forward", "backward"):
+                path = (n.region, *_module_parts(n.module))
+            else:
+                path = (n.region,)
+            paths.append(path)
+        self.paths = _chunked(paths)
+        self.members: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for i, path in enumerate(self.paths):
+            for depth in range(1, len(path) + 1):
+                self.members[path[:depth]].append(i)
+        src, dst = [], []
+        for j, n in enumerate(nodes):
+            if n.region in NO_EDGE_REGIONS:
+                continue
+            for s in n.inputs:
+                i = index.get(s)
+                if i is not None and nodes[i].region not in NO_EDGE_REGIONS:
+                    src.append(i)
+                    dst.append(j)
+        self._src = np.asarray(src, dtype=np.int64)
+        self._dst = np.asarray(dst, dtype=np.int64)
+        self._new_bytes = np.asarray([n.new_bytes for n in nodes], dtype=np.int64)
+
+    # -- expansion -------------------------------------------------------------------------------------------
+    def visible_path(self, i: int, expanded: frozenset[str]) -> tuple[str, ...]:
+        """The deepest shown ancestor of node ``i``: ``()`` below a path means the node itself is shown."""
+        path = self.paths[i]
+        depth = 1
+        while depth <= len(path):
+            prefix = path[:depth]
+            if key_of(prefix) not in expanded and len(self.members[prefix]) > 1:
+                return prefix
+            depth += 1
+        return (*path, self.profile.nodes[i].id)
+
+    def view(self, expanded: frozenset[str]) -> View:
+        nodes = self.profile.nodes
+        item_of_path: dict[tuple[str, ...], int] = {}
+        items: list[Item] = []
+        node_item = np.empty(len(nodes), dtype=np.int64)
+        for i in range(len(nodes)):
+            vp = self.visible_path(i, expanded)
+            k = item_of_path.get(vp)
+            if k is None:
+                k = item_of_path[vp] = len(items)
+                items.append(self._item(vp))
+            node_item[i] = k
+        # Items are created in node order, which puts each group at its first node: stable and readable.
+        a, b = node_item[self._src], node_item[self._dst]
+        keep = a != b
+        pairs = np.unique(np.stack([a[keep], b[keep]], axis=1), axis=0) if keep.any() else np.empty((0, 2))
+        edges = [(int(x), int(y)) for x, y in pairs]
+        clusters = []
+        for path, members in self.members.items():
+            shown = all(key_of(path[:d]) in expanded for d in range(1, len(path) + 1))
+            if shown and len(members) > 1:
+                inside = tuple(sorted({int(node_item[m]) for m in members}))
+                clusters.append((key_of(path), group_label(path), inside))
+        clusters.sort(key=lambda c: c[0].count(SEP))
+        return View(items=items, edges=edges, clusters=clusters, node_item=node_item)
+
+    def _item(self, vp: tuple[str, ...]) -> Item:
+        members = self.members.get(vp)
+        if members is not None:  # a group
+            idx = tuple(members)
+            n_bytes = int(self._new_bytes[list(idx)].sum())
+            unit = "tensors" if vp[0] == "input" else "ops"
+            return Item(key=key_of(vp), label=f"{group_label(vp)}\n{len(idx)} {unit}", region=vp[0],
+                        nodes=idx, is_group=True, bytes=n_bytes)
+        i = self.profile.node_index[vp[-1]]
+        n = self.profile.nodes[i]
+        op = n.target.removeprefix("aten.").removesuffix(".default")
+        return Item(key=n.id, label=f"{n.name}\n{op}", region=n.region, nodes=(i,), is_group=False,
+                    bytes=n.new_bytes)
+
+    def ancestors(self, i: int) -> list[str]:
+        """Keys of all groups containing node ``i`` (expand these to show the node itself)."""
+        path = self.paths[i]
+        return [key_of(path[:d]) for d in range(1, len(path) + 1)]
+
+    def parent_key(self, key: str) -> str:
+        return key.rpartition(SEP)[0]
+
+    def default_expansion(self, limit: int = 60) -> frozenset[str]:
+        """Expand groups breadth-first while the view stays at most ``limit`` items.
+
+        Forward and backward come first at every level (that is where activations live) and are always
+        opened one level, then loss and optimizer, bigger groups before smaller ones; inputs stay collapsed.
+        """
+        priority = {"forward": 0, "backward": 0, "loss": 1, "optimizer": 2}
+
+        def order(paths):
+            return sorted((p for p in paths if p[0] in priority), key=lambda p: (priority[p[0]], -len(self.members[p])))
+
+        expanded: set[str] = set()
+        count = len({p[:1] for p in self.paths})
+        frontier = order(p for p in self.members if len(p) == 1)
+        while frontier:
+            nxt = []
+            for path in frontier:
+                children = self._children(path)
+                always = len(path) == 1 and priority[path[0]] == 0
+                if len(self.members[path]) < 2 or (count - 1 + len(children) > limit and not always):
+                    continue
+                expanded.add(key_of(path))
+                count += len(children) - 1
+                nxt += [c for c in children if c in self.members]
+            frontier = order(nxt)
+        return frozenset(expanded)
+
+    def _children(self, path: tuple[str, ...]) -> set[tuple[str, ...]]:
+        depth = len(path) + 1
+        return {self.paths[m][:depth] if len(self.paths[m]) >= depth else (*path, str(m)) for m in self.members[path]}
+
+    def search(self, text: str) -> list[int]:
+        """Node indices whose id, name, op or module contains ``text`` (case-insensitive), in graph order."""
+        t = text.strip().lower()
+        if not t:
+            return []
+        return [i for i, n in enumerate(self.profile.nodes)
+                if t in n.id.lower() or t in n.name.lower() or t in n.target.lower() or t in n.module.lower()]
+
+
+def key_of(path: tuple[str, ...]) -> str:
+    return SEP.join(path)
+
+
+def group_label(path: tuple[str, ...]) -> str:
+    return REGION_TITLES.get(path[0], path[0]) if len(path) == 1 else path[-1]
+
+
+def _chunked(paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Insert ``ops a–b`` levels (nested if needed) under groups with more than :data:`CHUNK` direct leaves."""
+    leaves: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for i, p in enumerate(paths):
+        leaves[p].append(i)
+    out = list(paths)
+    for path, idx in leaves.items():
+        if len(idx) <= CHUNK:
+            continue
+        sizes = [CHUNK]
+        while len(idx) > sizes[0] * CHUNK:
+            sizes.insert(0, sizes[0] * CHUNK)
+        for pos, i in enumerate(idx):
+            levels = []
+            for size in sizes:
+                start = pos // size * size
+                levels.append(f"ops {start + 1}–{min(start + size, len(idx))}")
+            out[i] = (*path, *levels)
+    return out
+
+
+# -- sizes --------------------------------------------------------------------------------------------------
+def box_size(item: Item) -> tuple[float, float]:
+    """Box size in points: wider for more bytes allocated (log scale), groups taller than nodes."""
+    grow = 14.0 * math.log10(1.0 + item.bytes / 1024.0)
+    return (90.0 + min(grow, 110.0), 40.0 if item.is_group else 30.0)
+
+
+# -- layout -------------------------------------------------------------------------------------------------
+def dot_available() -> bool:
+    return shutil.which("dot") is not None
+
+
+def layout_view(view: View) -> Layout:
+    """Lay ``view`` out with graphviz dot when installed, else with :func:`layered_layout`."""
+    if dot_available():
+        import graphviz
+
+        try:
+            return dot_layout(view)
+        except graphviz.ExecutableNotFound:
+            pass
+    return layered_layout(view)
+
+
+def dot_source(view: View) -> tuple[str, dict[str, str]]:
+    """The dot graph and its cluster names: item i is node ``i{i}``, expanded groups are nested clusters."""
+    import graphviz
+
+    g = graphviz.Digraph(graph_attr={"rankdir": "LR", "nodesep": "0.15", "ranksep": "0.35", "splines": "true",
+                                     "fontsize": "11", "labeljust": "l"},
+                         node_attr={"shape": "box", "fixedsize": "true", "label": ""})
+    placed: set[int] = set()
+    by_key = {c[0]: c for c in view.clusters}
+    names: dict[str, str] = {}
+    children: dict[str, list[str]] = defaultdict(list)
+    for key in by_key:
+        parent = key.rpartition(SEP)[0]
+        while parent and parent not in by_key:
+            parent = parent.rpartition(SEP)[0]
+        children[parent].append(key)
+
+    def add_cluster(parent_graph, key: str) -> None:
+        name = names[key] = f"cluster_{len(names)}"
+        with parent_graph.subgraph(name=name) as sub:
+            sub.attr(label=by_key[key][1])
+            for child in children[key]:  # deeper clusters first: an item lands in its innermost group
+                add_cluster(sub, child)
+            for i in by_key[key][2]:
+                if i not in placed:
+                    placed.add(i)
+                    _dot_node(sub, i, view.items[i])
+
+    for key in children[""]:
+        add_cluster(g, key)
+    for i, item in enumerate(view.items):
+        if i not in placed:
+            _dot_node(g, i, item)
+    for a, b in view.edges:
+        g.edge(f"i{a}", f"i{b}")
+    return g.source, {name: key for key, name in names.items()}
+
+
+def _dot_node(graph, i: int, item: Item) -> None:
+    w, h = box_size(item)
+    graph.node(f"i{i}", width=f"{w / 72:.3f}", height=f"{h / 72:.3f}")
+
+
+def dot_layout(view: View) -> Layout:
+    """Run ``dot -Tjson0`` on :func:`dot_source` and convert its coordinates (y up) to scene coordinates."""
+    import graphviz
+
+    source, cluster_key = dot_source(view)
+    doc = json.loads(graphviz.pipe("dot", "json0", source.encode()))
+    height = float(doc["bb"].split(",")[3])
+    boxes: list[tuple[float, float, float, float]] = [(0.0, 0.0, 0.0, 0.0)] * len(view.items)
+    gvid_item: dict[int, int] = {}
+    clusters = []
+    for obj in doc.get("objects", []):
+        name = obj.get("name", "")
+        if name in cluster_key:
+            x0, y0, x1, y1 = (float(v) for v in obj["bb"].split(","))
+            clusters.append((cluster_key[name], obj.get("label", ""), (x0, height - y1, x1 - x0, y1 - y0)))
+        elif name.startswith("i") and "pos" in obj:
+            i = int(name[1:])
+            x, y = (float(v) for v in obj["pos"].split(","))
+            w, h = float(obj["width"]) * 72, float(obj["height"]) * 72
+            boxes[i] = (x - w / 2, height - y - h / 2, w, h)
+            gvid_item[obj["_gvid"]] = i
+    by_pair = {(gvid_item.get(e["tail"]), gvid_item.get(e["head"])): _spline_points(e.get("pos", ""), height)
+               for e in doc.get("edges", [])}
+    edges = [by_pair.get(pair, []) for pair in view.edges]
+    clusters.sort(key=lambda c: c[0].count(SEP))  # outer frames first, so inner ones are drawn on top
+    return Layout(boxes=boxes, edges=edges, clusters=clusters, engine="dot")
+
+
+def _spline_points(pos: str, height: float) -> list[tuple[float, float]]:
+    """Bézier control points of a dot edge; the arrow end point (``e,x,y``) is appended last."""
+    pts, end = [], None
+    for tok in pos.split():
+        parts = tok.split(",")
+        if parts[0] == "e":
+            end = (float(parts[1]), height - float(parts[2]))
+        elif parts[0] != "s":
+            pts.append((float(parts[0]), height - float(parts[1])))
+    if end is not None and pts:
+        # dot stops the spline short of the head for the arrowhead: continue it straight to the tip.
+        last = pts[-1]
+        pts += [last, end, end]
+    return pts
+
+
+def layered_layout(view: View) -> Layout:
+    """Fallback without graphviz: one band per region, items layered by longest path inside their region."""
+    gap_x, gap_y, band_gap = 40.0, 12.0, 50.0
+    sizes = [box_size(it) for it in view.items]
+    first = [it.nodes[0] for it in view.items]
+    layer = [0] * len(view.items)
+    # Items are in node order, so edges pointing forward in that order form a DAG: one pass is enough.
+    incoming: dict[int, list[int]] = defaultdict(list)
+    for a, b in view.edges:
+        if first[a] < first[b] and view.items[a].region == view.items[b].region:
+            incoming[b].append(a)
+    for b in range(len(view.items)):
+        if incoming[b]:
+            layer[b] = max(layer[a] + 1 for a in incoming[b])
+    boxes: list[tuple[float, float, float, float]] = [(0.0, 0.0, 0.0, 0.0)] * len(view.items)
+    top = 0.0
+    col_w = max((s[0] for s in sizes), default=0.0) + gap_x
+    for region in REGIONS:
+        members = [i for i, it in enumerate(view.items) if it.region == region]
+        if not members:
+            continue
+        y_in_layer: dict[int, float] = defaultdict(float)
+        for i in members:
+            w, h = sizes[i]
+            boxes[i] = (layer[i] * col_w, top + y_in_layer[layer[i]], w, h)
+            y_in_layer[layer[i]] += h + gap_y
+        top += max(y_in_layer.values()) + band_gap
+    edges = []
+    for a, b in view.edges:
+        ax, ay, aw, ah = boxes[a]
+        bx, by, _, bh = boxes[b]
+        p0, p1 = (ax + aw, ay + ah / 2), (bx, by + bh / 2)
+        dx = max(20.0, abs(p1[0] - p0[0]) / 2)
+        edges.append([p0, (p0[0] + dx, p0[1]), (p1[0] - dx, p1[1]), p1])
+    clusters = []
+    for key, label, inside in view.clusters:
+        rects = [boxes[i] for i in inside]
+        x0 = min(r[0] for r in rects) - 8
+        y0 = min(r[1] for r in rects) - 22
+        x1 = max(r[0] + r[2] for r in rects) + 8
+        y1 = max(r[1] + r[3] for r in rects) + 8
+        clusters.append((key, label, (x0, y0, x1 - x0, y1 - y0)))
+    return Layout(boxes=boxes, edges=edges, clusters=clusters, engine="layered")
+
+
+# -- disk cache ---------------------------------------------------------------------------------------------
+def cache_file(cache_dir: str | os.PathLike, fingerprint: str, expanded: frozenset[str]) -> Path:
+    digest = hashlib.sha256("\n".join(sorted(expanded)).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"layout-v{LAYOUT_VERSION}-{fingerprint}-{digest}.json"
+
+
+def cached_layout(view: View, fingerprint: str, expanded: frozenset[str],
+                  cache_dir: str | os.PathLike | None) -> Layout:
+    """:func:`layout_view` with dot layouts kept on disk; fallback layouts are cheap and never cached."""
+    path = cache_file(cache_dir, fingerprint, expanded) if cache_dir else None
+    if path is not None and path.is_file():
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            if len(d["boxes"]) == len(view.items) and len(d["edges"]) == len(view.edges):
+                return Layout(boxes=[tuple(b) for b in d["boxes"]], edges=[[tuple(p) for p in e] for e in d["edges"]],
+                              clusters=[(k, lab, tuple(r)) for k, lab, r in d["clusters"]], engine=d["engine"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # an unreadable cache entry is simply recomputed
+    layout = layout_view(view)
+    if path is not None and layout.engine == "dot":
+        write_text(path, json.dumps(asdict(layout), separators=(",", ":")))
+    return layout

@@ -1,0 +1,197 @@
+"""Memory timeline: simulated memory over node order, stacked by category, with the budget as a draggable line.
+
+Curves are created once per profile and updated with ``setData`` on every plan change; pyqtgraph's peak
+downsampling and clip-to-view keep a 13k-node iteration cheap to repaint. The plan's stacked categories are
+drawn as cumulative curves, each filled down to zero, top category first so the lower ones paint over it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, Signal
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from acstudio.plan.budget import format_bytes
+from acstudio.profile.model import Profile
+from acstudio.simulate import TIMELINE_CATEGORIES
+
+GIB = float(2**30)
+CATEGORY_COLOURS = {
+    "parameter": (120, 120, 130),
+    "gradient": (230, 160, 60),
+    "optimizer_state": (150, 110, 190),
+    "retained_activations": (70, 130, 220),
+    "recompute_transients": (220, 70, 70),
+    "other": (170, 200, 170),
+}
+REGION_BANDS = {"forward": (90, 150, 230, 28), "loss": (240, 200, 90, 40), "backward": (90, 200, 130, 28),
+                "optimizer": (180, 130, 220, 28)}
+
+
+def region_spans(profile: Profile) -> list[tuple[str, int, int]]:
+    """Contiguous runs of one region over node order: (region, first index, last index)."""
+    spans: list[tuple[str, int, int]] = []
+    for i, n in enumerate(profile.nodes):
+        if spans and spans[-1][0] == n.region:
+            spans[-1] = (n.region, spans[-1][1], i)
+        else:
+            spans.append((n.region, i, i))
+    return spans
+
+
+class TimelineView(QWidget):
+    """The timeline plot. ``budgetDragged`` fires while the budget line is dragged (bytes)."""
+
+    budgetDragged = Signal(int)
+    nodeClicked = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.plot = pg.PlotWidget(background="w")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.plot)
+        item = self.plot.getPlotItem()
+        item.setLabel("left", "memory (GiB)")
+        item.setLabel("bottom", "node (execution order)")
+        item.showGrid(x=False, y=True, alpha=0.3)
+        item.setDownsampling(auto=True, mode="peak")
+        item.setClipToView(True)
+        self.legend = item.addLegend(offset=(10, 10), labelTextSize="8pt")
+        self.stack: dict[str, pg.PlotDataItem] = {}
+        for z, cat in enumerate(reversed(TIMELINE_CATEGORIES)):
+            r, g, b = CATEGORY_COLOURS.get(cat, (160, 160, 160))
+            curve = item.plot([], [], pen=pg.mkPen((r, g, b), width=1), fillLevel=0,
+                              brush=pg.mkBrush(r, g, b, 170), name=cat.replace("_", " "))
+            curve.setZValue(z)
+            self.stack[cat] = curve
+        self.baseline = item.plot([], [], pen=pg.mkPen((40, 40, 40), width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
+                                  name="no checkpointing")
+        self.baseline.setZValue(20)
+        self.measured = item.plot([], [], pen=pg.mkPen((0, 160, 160), width=1), name="measured (profile)")
+        self.measured.setZValue(21)
+        self.peak = pg.ScatterPlotItem(size=10, brush=pg.mkBrush(220, 30, 30), pen=pg.mkPen("k"), symbol="t")
+        self.peak.setZValue(30)
+        item.addItem(self.peak)
+        self.peak_text = pg.TextItem(color=(180, 20, 20), anchor=(0.5, 1.4))
+        self.peak_text.setZValue(30)
+        item.addItem(self.peak_text)
+        self.budget_line = pg.InfiniteLine(angle=0, movable=True, pen=pg.mkPen((200, 0, 0), width=2),
+                                           hoverPen=pg.mkPen((255, 80, 0), width=3),
+                                           label="budget {value:.3f} GiB",
+                                           labelOpts={"position": 0.97, "color": (200, 0, 0), "anchors": [(1, 1)]})
+        self.budget_line.setZValue(40)
+        self.budget_line.sigPositionChanged.connect(self._on_line_moved)
+        item.addItem(self.budget_line)
+        self.cursor = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen((0, 0, 0), width=1))
+        self.cursor.setZValue(41)
+        self.cursor.hide()
+        item.addItem(self.cursor)
+        self._bands: list[pg.GraphicsObject] = []
+        self._profile: Profile | None = None
+        self._x = np.zeros(0)
+        self._syncing = False
+        self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
+        self.plot.scene().sigMouseClicked.connect(self._on_click)
+
+    # -- data ------------------------------------------------------------------------------------------------
+    def set_profile(self, profile: Profile, baseline_total: np.ndarray, floor_bytes: int) -> None:
+        """New profile: bands, measured curve and baseline; the budget line may move from the floor up."""
+        self._profile = profile
+        n = len(profile.nodes)
+        self._x = np.arange(n, dtype=float)
+        item = self.plot.getPlotItem()
+        for band in self._bands:
+            item.removeItem(band)
+        self._bands = []
+        for region, lo, hi in region_spans(profile):
+            colour = REGION_BANDS.get(region)
+            if colour is None:
+                continue
+            band = pg.LinearRegionItem((lo - 0.5, hi + 0.5), movable=False, brush=pg.mkBrush(*colour),
+                                       pen=pg.mkPen(None))
+            band.setZValue(-10)
+            item.addItem(band)
+            label = pg.TextItem(region, color=(90, 90, 90), anchor=(0, 0))
+            label.setPos(lo, 0)
+            label.setZValue(-9)
+            item.addItem(label)
+            self._bands += [band, label]
+        self.baseline.setData(self._x, baseline_total / GIB)
+        measured = np.asarray([nd.mem_peak for nd in profile.nodes], dtype=float)
+        if measured.any():
+            self.measured.setData(self._x, measured / GIB)
+        else:
+            self.measured.setData([], [])
+        top = max(float(baseline_total.max(initial=0)), float(measured.max(initial=0)))
+        self.budget_line.setBounds((floor_bytes / GIB, top / GIB * 1.05))
+        for label in self._bands[1::2]:
+            label.setPos(label.pos().x(), top / GIB * 1.08)
+        item.setXRange(0, max(n - 1, 1), padding=0.01)
+        item.setYRange(0, top / GIB * 1.12, padding=0)
+        self.cursor.hide()
+
+    def set_timeline(self, timeline: np.ndarray, peak_index: int, peak_bytes: int) -> None:
+        """Show one simulated plan: ``timeline`` is (nodes, categories) bytes, as the simulator returns it."""
+        cum = np.cumsum(np.asarray(timeline, dtype=float), axis=1) / GIB
+        for k, cat in enumerate(TIMELINE_CATEGORIES):
+            self.stack[cat].setData(self._x, cum[:, k])
+        if 0 <= peak_index < len(self._x):
+            self.peak.setData([float(peak_index)], [peak_bytes / GIB])
+            self.peak_text.setText(f"peak {format_bytes(peak_bytes)}")
+            self.peak_text.setPos(float(peak_index), peak_bytes / GIB)
+
+    def stacked_total(self) -> np.ndarray:
+        """Top of the stack (bytes per node) as currently drawn: what tests and the benchmark compare."""
+        _, y = self.stack[TIMELINE_CATEGORIES[-1]].getData()
+        return np.zeros(0) if y is None else np.asarray(y) * GIB
+
+    def set_budget(self, budget_bytes: int) -> None:
+        self._syncing = True
+        try:
+            self.budget_line.setValue(budget_bytes / GIB)
+        finally:
+            self._syncing = False
+
+    def set_cursor(self, node_id: str) -> None:
+        if self._profile is None or node_id not in self._profile.node_index:
+            self.cursor.hide()
+            return
+        self.cursor.setValue(self._profile.node_index[node_id])
+        self.cursor.show()
+
+    # -- interaction -----------------------------------------------------------------------------------------
+    def _on_line_moved(self, line: pg.InfiniteLine) -> None:
+        if not self._syncing:
+            self.budgetDragged.emit(round(line.value() * GIB))
+
+    def _node_at(self, scene_pos: QPointF) -> int | None:
+        if self._profile is None or not self.plot.sceneBoundingRect().contains(scene_pos):
+            return None
+        x = self.plot.getPlotItem().vb.mapSceneToView(scene_pos).x()
+        i = round(x)
+        return i if 0 <= i < len(self._profile.nodes) else None
+
+    def _on_hover(self, args) -> None:
+        i = self._node_at(args[0])
+        if i is None:
+            self.plot.setToolTip("")
+            return
+        n = self._profile.nodes[i]
+        parts = [f"{n.id} {n.name} ({n.target})", f"{n.region} · {n.module or '-'}"]
+        for cat in TIMELINE_CATEGORIES:
+            _, y = self.stack[cat].getData()
+            if y is not None and i < len(y):
+                parts.append(f"up to {cat.replace('_', ' ')}: {format_bytes(int(y[i] * GIB))}")
+        if n.mem_peak:
+            parts.append(f"measured peak: {format_bytes(n.mem_peak)}")
+        self.plot.setToolTip("\n".join(parts))
+
+    def _on_click(self, event) -> None:
+        if event.button() != pg.QtCore.Qt.MouseButton.LeftButton:
+            return
+        i = self._node_at(event.scenePos())
+        if i is not None:
+            self.nodeClicked.emit(self._profile.nodes[i].id)
+
