@@ -1,0 +1,151 @@
+"""Benchmark results: the measured rows, the max-batch searches, comparisons, and their JSON/CSV files.
+
+Raw worker rows are what the JSON stores; every derived number (overhead against the configuration's own
+baseline, memory saving against eager) is recomputed from them by :func:`compare`, so a results file can be
+re-analysed or re-plotted without re-running anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from acstudio.errors import ACStudioError
+from acstudio.fileio import atomic_path, read_document, write_document
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA = "acstudio.bench"
+SCHEMA_VERSION = 1
+JSON_NAME = "bench.json"
+CSV_NAME = "bench.csv"
+MiB = 2**20
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+# Columns of the CSV, in this order; ``details.*`` columns (configuration-specific) follow.
+CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "phase", "device", "status", "message",
+               "peak_bytes", "peak_mib", "resident_bytes", "time_ms_median", "time_ms_q1", "time_ms_q3",
+               "time_ms_iqr", "overhead_pct", "time_vs_eager_pct", "memory_saving_pct", "loss", "warmup", "iters",
+               "setup_s", "wall_s", "gpu", "torch", "cuda", "command")
+
+
+def parse_size(text: str) -> int:
+    """An absolute memory size such as ``16GiB``, ``8000MiB``, ``12GB`` or ``1.5e10`` (bytes)."""
+    s = text.strip().lower().replace(" ", "")
+    if s.endswith("%"):
+        raise ACStudioError(f"{text!r}: a memory budget for the batch-size search must be absolute, e.g. 16GiB")
+    number = s.rstrip("kmgtib")
+    unit = s[len(number):]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ACStudioError(f"{text!r}: not a memory size; write e.g. 16GiB, 8000MiB or 12GB") from None
+    if value <= 0:
+        raise ACStudioError(f"{text!r}: the memory size must be positive")
+    return int(value)
+
+
+def _pct(value: float | None, base: float | None) -> float | None:
+    if value is None or not base:
+        return None
+    return 100.0 * (value / base - 1.0)
+
+
+def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with ``overhead_pct`` (time against the configuration's own baseline at the same batch size),
+    ``time_vs_eager_pct`` and ``memory_saving_pct`` (peak below eager's, in percent) added; ``None`` where the
+    row or its reference did not run successfully."""
+    ok = {(r["batch_size"], r["config"]): r for r in rows if r.get("status") == "ok"}
+    out = []
+    for r in rows:
+        r = dict(r)
+        base = ok.get((r["batch_size"], r["baseline"])) if r.get("baseline") else None
+        eager = ok.get((r["batch_size"], "eager")) if r["config"] != "eager" else None
+        mine = r.get("time_ms_median") if r.get("status") == "ok" else None
+        peak = r.get("peak_bytes") if r.get("status") == "ok" else None
+        r["overhead_pct"] = _pct(mine, base["time_ms_median"]) if base else None
+        r["time_vs_eager_pct"] = _pct(mine, eager["time_ms_median"]) if eager else None
+        saving = _pct(peak, eager.get("peak_bytes")) if eager else None
+        r["memory_saving_pct"] = None if saving is None else 0.0 - saving
+        r["peak_mib"] = None if peak is None else peak / MiB
+        out.append(r)
+    return out
+
+
+def flat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One CSV line: the fixed columns, then configuration details flattened to ``details.a.b`` columns."""
+    env = row.get("environment") or {}
+    flat = {c: row.get(c, env.get(c)) for c in CSV_COLUMNS}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        else:
+            flat[prefix] = json.dumps(value) if isinstance(value, (list, tuple)) else value
+
+    walk("details", row.get("details") or {})
+    return flat
+
+
+@dataclass
+class BenchResults:
+    """What :func:`~acstudio.bench.runner.run_bench` measured. ``to_frame()`` gives one row per measurement."""
+
+    meta: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    fits: list[dict[str, Any]] = field(default_factory=list)
+
+    def compared(self) -> list[dict[str, Any]]:
+        return compare(self.rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame([flat_row(r) for r in self.compared()])
+
+    def fits_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame([{k: v for k, v in f.items() if k != "probes"} for f in self.fits])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta, "rows": self.rows, "fits": self.fits}
+
+    def save(self, out_dir: str | os.PathLike) -> tuple[Path, Path]:
+        """Write ``bench.json`` (everything, re-loadable) and ``bench.csv`` (flat table) atomically."""
+        out = Path(out_dir)
+        write_document(out / JSON_NAME, SCHEMA, SCHEMA_VERSION, self.to_dict())
+        with atomic_path(out / CSV_NAME) as tmp:
+            self.to_frame().to_csv(tmp, index=False)
+        return out / JSON_NAME, out / CSV_NAME
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> BenchResults:
+        """Read a ``bench.json`` (or the folder holding one)."""
+        p = Path(path)
+        doc = read_document(p / JSON_NAME if p.is_dir() else p, SCHEMA, SCHEMA_VERSION)
+        return cls(meta=doc["meta"], rows=doc["rows"], fits=doc.get("fits", []))
+
+    def summary(self) -> str:
+        """A Markdown table of the results (and the max-batch searches), for a terminal or a report."""
+        lines = ["| batch | configuration | status | peak MiB | step ms (IQR) | overhead | vs eager mem |",
+                 "|---|---|---|---|---|---|---|"]
+        for r in sorted(self.compared(), key=lambda r: (r["batch_size"], r.get("phase") != "sweep")):
+            if r["status"] != "ok":
+                lines.append(f"| {r['batch_size']} | {r['config']} | {r['status']}: {r['message'][:60]} | | | | |")
+                continue
+            peak = f"{r['peak_mib']:.1f}" if r["peak_mib"] is not None else "n/a"
+            over = f"{r['overhead_pct']:+.1f}% vs {r['baseline']}" if r["overhead_pct"] is not None else ""
+            mem = f"{-r['memory_saving_pct']:+.1f}%" if r["memory_saving_pct"] is not None else ""
+            lines.append(f"| {r['batch_size']} | {r['config']} | ok | {peak} | {r['time_ms_median']:.1f} "
+                         f"({r['time_ms_iqr']:.1f}) | {over} | {mem} |")
+        for f in self.fits:
+            capped = f" (search limit {f['limit']})" if f["capped"] else ""
+            lines.append(f"\nlargest batch within {f['budget']}: {f['config']} {f['max_batch']}{capped}")
+        return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""``run_bench``: every (batch size, configuration) in a fresh worker process, then max-batch searches.
+
+A fresh process per measurement keeps the caching allocator, compiled kernels and process-wide settings of
+one configuration from leaking into the next (design note E.6). Each worker's config file and log are kept
+under ``OUT/workers/`` so a single measurement can be re-run by hand, and results are saved after every
+measurement so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from acstudio import __version__
+from acstudio.bench.configs import BenchConfig, expand_configs
+from acstudio.bench.results import BenchResults, parse_size
+from acstudio.bench.worker import base_row
+from acstudio.errors import ACStudioError, DeviceError
+from acstudio.fileio import write_text
+from acstudio.jobs import CancelToken, ProgressFn, check, report
+from acstudio.workload import WorkloadSpec
+
+# The configurations whose largest batch within a memory budget is searched (when they are benchmarked).
+FIT_KINDS = ("eager", "per-block", "rewritten")
+_LOG_TAIL = 2000
+
+
+def search_max_batch(fits: Callable[[int], bool], start: int, limit: int) -> int:
+    """Largest batch size in [1, limit] for which ``fits`` holds, assuming that fitting is monotone.
+
+    Doubles from ``start`` until a size does not fit (or ``limit`` is reached), then bisects between the last
+    fitting and the first failing size; starts bisecting below ``start`` when that does not fit. 0 means that
+    not even batch size 1 fits.
+    """
+    if limit < 1:
+        raise ACStudioError("the batch-size search limit must be at least 1")
+    lo, hi = 0, min(max(start, 1), limit)
+    while lo < hi and fits(hi):
+        lo, hi = hi, min(hi * 2, limit)
+    if lo == hi:  # ``limit`` fits
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def bench_args(spec: WorkloadSpec, batch_sizes: list[int], configs: list[str], *, device: str, out_dir: str,
+               warmup: int, iters: int, compile_backend: str, budgets: list[str] = (),
+               fit_budget: str | None = None, max_batch: int | None = None) -> str:
+    """The ``acstudio bench`` command line that repeats a run (or, with one batch and config, one row)."""
+    args = shlex.split(spec.cli_args())
+    args[args.index("--batch-size") + 1] = ",".join(str(b) for b in batch_sizes)
+    if spec.seed:
+        args += ["--seed", str(spec.seed)]
+    args += ["--configs", ",".join(configs)]
+    if budgets:
+        args += ["--budgets", ",".join(budgets)]
+    args += ["--device", device, "--warmup", str(warmup), "--iters", str(iters), "--out", str(out_dir)]
+    if compile_backend != "inductor":
+        args += ["--compile-backend", compile_backend]
+    if fit_budget:
+        args += ["--fit-budget", fit_budget]
+        if max_batch is not None:
+            args += ["--max-batch", str(max_batch)]
+    return "acstudio bench " + shlex.join(args)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the worker and whatever it started (torch.compile's compile workers share its process group)."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # pragma: no cover - Windows
+            proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: CancelToken | None = None
+               ) -> dict[str, Any]:
+    """Run one worker on ``cfg``, keeping ``STEM.json`` (its input) and ``STEM.log`` (its stderr).
+
+    A worker that crashes, hangs past ``timeout_s`` or prints no result still yields an error row. The
+    process is killed on cancellation, and :class:`~acstudio.errors.Cancelled` raised.
+    """
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path, log_path = stem.with_suffix(".json"), stem.with_suffix(".log")
+    write_text(cfg_path, json.dumps(cfg, indent=1))
+    deadline = time.monotonic() + timeout_s
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "acstudio.bench.worker", str(cfg_path)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
+                                start_new_session=True)
+        while True:
+            try:
+                stdout, _ = proc.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if cancel is not None and cancel.cancelled:
+                    _kill(proc)
+                    check(cancel)
+                if time.monotonic() > deadline:
+                    _kill(proc)
+                    return base_row(cfg) | {"status": "error", "message": f"timed out after {timeout_s:g} s",
+                                            "log": str(log_path)}
+    lines = stdout.strip().splitlines()
+    try:
+        row = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-_LOG_TAIL:].strip()
+        return base_row(cfg) | {"status": "error", "log": str(log_path),
+                                "message": f"worker exited with status {proc.returncode} and no result: {tail}"}
+    row["log"] = str(log_path)
+    return row
+
+
+class _Bench:
+    """State of one ``run_bench`` call: the measurements so far, keyed by (config name, batch size)."""
+
+    def __init__(self, spec: WorkloadSpec, out: Path, device: str, warmup: int, iters: int, compile_backend: str,
+                 timeout_s: float, results: BenchResults, progress: ProgressFn | None,
+                 cancel: CancelToken | None) -> None:
+        self.spec, self.out, self.device = spec, out, device
+        self.warmup, self.iters, self.compile_backend, self.timeout_s = warmup, iters, compile_backend, timeout_s
+        self.results, self.progress, self.cancel = results, progress, cancel
+        self.measured: dict[tuple[str, int], dict[str, Any]] = {}
+        self.done = 0
+
+    def measure(self, config: BenchConfig, batch_size: int, phase: str, total: int) -> dict[str, Any]:
+        key = (config.name, batch_size)
+        if key in self.measured:
+            return self.measured[key]
+        check(self.cancel)
+        spec = self.spec.with_batch_size(batch_size)
+        report(self.progress, self.done, total, f"{config.name} at batch size {batch_size}")
+        cfg = {
+            "spec": spec.to_dict(), "config": config.name, "device": self.device, "warmup": self.warmup,
+            "iters": self.iters, "compile_backend": self.compile_backend,
+            "profile_path": str(self.out / "profiles" / f"{profile_key(spec, self.device)}.json.gz"),
+            "command": bench_args(spec, [batch_size], [config.name], device=self.device, out_dir=str(self.out),
+                                  warmup=self.warmup, iters=self.iters, compile_backend=self.compile_backend),
+        }
+        stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
+        row = run_worker(cfg, stem, timeout_s=self.timeout_s, cancel=self.cancel)
+        row["phase"] = phase
+        self.measured[key] = row
+        self.results.rows.append(row)
+        self.results.save(self.out)
+        self.done += 1
+        return row
+
+
+def profile_key(spec: WorkloadSpec, device: str) -> str:
+    """File name of the cached profile of one workload: readable, and unique per spec and device type."""
+    digest = hashlib.sha1(json.dumps([spec.to_dict(), torch.device(device).type], sort_keys=True).encode())
+    return f"{_slug(spec.model)}_bs{spec.batch_size}_{digest.hexdigest()[:10]}"
+
+
+def run_bench(spec_base: WorkloadSpec, batch_sizes: list[int], configs: list[str], budgets: list[str] = (),
+              device: str = "cuda", out_dir: str | os.PathLike = "bench_results",
+              progress: ProgressFn | None = None, cancel: CancelToken | None = None,
+              fit_budget: str | None = None, *, warmup: int = 10, iters: int = 20, max_batch: int = 4096,
+              timeout_s: float = 1800.0, compile_backend: str = "inductor") -> BenchResults:
+    """Measure every configuration at every batch size, each in its own process; save and return the results.
+
+    ``configs``: names as in :mod:`acstudio.bench.configs`; a bare ``rewritten`` means one ``rewritten@B``
+    per entry of ``budgets``. With ``fit_budget`` (an absolute size such as ``16GiB``), the largest batch
+    size whose measured peak stays within it is then searched (doubling, then bisection, up to
+    ``max_batch``) for those of eager, per-block and rewritten that are benchmarked; rewritten is planned
+    for that same budget. Out-of-memory and failing configurations are recorded, never raised.
+    """
+    expanded = expand_configs(list(configs), list(budgets))
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ACStudioError("give at least one batch size, each at least 1")
+    if iters < 3 or warmup < 1:
+        raise ACStudioError("a benchmark needs at least 1 warm-up and 3 timed iterations (for median and IQR)")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("acstudio bench measures GPU time and memory, but no CUDA GPU is available here; "
+                          "pass --device cpu for a CPU dry run (host-clock times, estimated peaks)")
+    if dev.type not in ("cuda", "cpu"):
+        raise DeviceError(f"unsupported device {device!r}; use cuda or cpu")
+    fit_bytes = parse_size(fit_budget) if fit_budget else None
+    out = Path(out_dir)
+    names = [c.name for c in expanded]
+    meta = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "acstudio": __version__,
+        "spec": spec_base.to_dict(), "batch_sizes": list(batch_sizes), "configs": names,
+        "budgets": list(budgets), "device": device, "warmup": warmup, "iters": iters,
+        "compile_backend": compile_backend, "fit_budget": fit_budget, "fit_budget_bytes": fit_bytes,
+        "max_batch": max_batch,
+        "command": bench_args(spec_base, list(batch_sizes), [str(c) for c in configs], budgets=list(budgets),
+                              device=device, out_dir=str(out), warmup=warmup, iters=iters,
+                              compile_backend=compile_backend, fit_budget=fit_budget, max_batch=max_batch),
+    }
+    results = BenchResults(meta=meta)
+    bench = _Bench(spec_base, out, device, warmup, iters, compile_backend, timeout_s, results, progress, cancel)
+    total = len(batch_sizes) * len(expanded)
+    for bs in batch_sizes:
+        for config in expanded:
+            bench.measure(config, bs, "sweep", total)
+    if fit_bytes is not None:
+        kinds = {c.kind for c in expanded}
+        for kind in (k for k in FIT_KINDS if k in kinds):
+            config = BenchConfig(kind, fit_budget if kind == "rewritten" else None)
+            results.fits.append(search_fit(bench, config, fit_bytes, fit_budget, min(batch_sizes), max_batch))
+            results.save(out)
+    results.save(out)
+    report(progress, bench.done, bench.done, "done")
+    return results
+
+
+def search_fit(bench: _Bench, config: BenchConfig, budget_bytes: int, budget: str, start: int, limit: int
+               ) -> dict[str, Any]:
+    """Largest batch of ``config`` that runs with a measured peak within ``budget_bytes``."""
+    probes: list[dict[str, Any]] = []
+
+    def fits(batch_size: int) -> bool:
+        row = bench.measure(config, batch_size, "fit", bench.done + 1)
+        ok = row["status"] == "ok" and row.get("peak_bytes") is not None and row["peak_bytes"] <= budget_bytes
+        probes.append({"batch_size": batch_size, "fits": ok, "status": row["status"],
+                       "peak_bytes": row.get("peak_bytes")})
+        return ok
+
+    best = search_max_batch(fits, start, limit)
+    return {"config": config.name, "budget": budget, "budget_bytes": budget_bytes, "max_batch": best,
+            "capped": best == limit, "limit": limit, "probes": probes}

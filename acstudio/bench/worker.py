@@ -1,0 +1,132 @@
+"""Measure ONE benchmark configuration in this process and print one JSON result line.
+
+Usage: ``python -m acstudio.bench.worker [CONFIG.json | '{...}']`` (or the JSON on stdin). The config holds
+``spec`` (a WorkloadSpec dict), ``config`` (e.g. ``"per-block"``), ``device``, ``warmup``, ``iters`` and
+optionally ``profile_path``, ``compile_backend`` and ``command`` (the ``acstudio bench`` line that reproduces
+it). A fresh process per configuration means no allocator cache, compile cache, functorch setting or
+fragmentation carries over from another configuration (design note E.6).
+
+Running out of memory is a result (``"status": "oom"``), any other failure is ``"status": "error"`` with
+the message; either way the line is printed and the exit status is 0. Everything else the libraries print
+goes to stderr, so stdout carries exactly the one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from acstudio.bench.configs import BenchConfig
+from acstudio.bench.measure import (
+    environment,
+    is_out_of_memory,
+    resident_tensors,
+    step_peak_bytes,
+    summarize_ms,
+    time_steps,
+)
+from acstudio.bench.steps import prepare
+from acstudio.errors import DeviceError
+from acstudio.workload import WorkloadSpec
+
+# torch.compile compiles forward and backward on the first calls and may recompile once more after that.
+COMPILE_EXTRA_WARMUP = 5
+
+
+def measure(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Build the configuration, warm it up, take the peak of one full step, then time ``iters`` steps."""
+    dev = torch.device(cfg["device"])
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("this worker was asked for CUDA but no CUDA GPU is available")
+    torch.backends.cudnn.benchmark = False
+    spec = WorkloadSpec.from_dict(cfg["spec"])
+    config = BenchConfig.parse(cfg["config"])
+    t0 = time.perf_counter()
+    prepared = prepare(config, spec, dev, profile_path=cfg.get("profile_path"),
+                       compile_backend=cfg.get("compile_backend", "inductor"))
+    setup_s = time.perf_counter() - t0
+    # The same random stream for every configuration, so dropout masks (and so losses) agree step by step.
+    torch.manual_seed(spec.seed + 1)
+    warmup = int(cfg["warmup"]) + (COMPILE_EXTRA_WARMUP if config.kind == "compile" else 0)
+    for _ in range(warmup):
+        prepared.step()
+    out: dict[str, Any] = {"setup_s": round(setup_s, 3), "warmup": warmup, "details": prepared.info}
+    if dev.type == "cpu" and config.kind == "compile":
+        # Compiled kernels allocate outside the dispatcher, where storage accounting cannot see them.
+        peak = resident = None
+        loss = prepared.step()
+    else:
+        peak, resident, loss = step_peak_bytes(
+            prepared.step, dev, lambda: resident_tensors(prepared.model, prepared.optimizer, prepared.batch))
+    times = time_steps(prepared.step, int(cfg["iters"]), dev)
+    out.update(peak_bytes=peak, resident_bytes=resident, loss=float(loss), times_ms=times, **summarize_ms(times))
+    return out
+
+
+def base_row(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The identifying fields of a result row, before (or without) any measurement."""
+    config = BenchConfig.parse(cfg["config"])
+    spec = cfg["spec"]
+    return {
+        "config": config.name, "kind": config.kind, "arg": config.arg, "baseline": config.baseline,
+        "model": spec["model"], "batch_size": spec["batch_size"], "device": cfg["device"],
+        "iters": int(cfg["iters"]), "status": "ok", "message": "", "command": cfg.get("command", ""),
+        "spec": spec,
+    }
+
+
+def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One result row; never raises for an out-of-memory or a failing configuration."""
+    row = base_row(cfg)
+    t0 = time.perf_counter()
+    try:
+        row.update(measure(cfg))
+        if not math.isfinite(row["loss"]):
+            row.update(status="error", message=f"the loss is {row['loss']}")
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            row.update(status="oom", message=f"does not fit: {first}")
+        else:
+            row.update(status="error", message=f"{type(exc).__name__}: {exc}".strip(),
+                       traceback=traceback.format_exc(limit=8))
+    row["wall_s"] = round(time.perf_counter() - t0, 3)
+    row["environment"] = environment(torch.device(cfg["device"]))
+    return row
+
+
+def read_config(argv: list[str]) -> dict[str, Any]:
+    if not argv:
+        return json.loads(sys.stdin.read())
+    text = argv[0]
+    if not text.lstrip().startswith("{"):
+        with open(text, encoding="utf-8") as f:
+            text = f.read()
+    return json.loads(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = read_config(list(sys.argv[1:] if argv is None else argv))
+    # Route everything printed while measuring (also by C++ code) to stderr; stdout gets only the result.
+    saved = os.dup(1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    try:
+        row = run_config(cfg)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
