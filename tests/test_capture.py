@@ -87,3 +87,20 @@ def test_serialized_graph_rebuilds_same_nodes_and_runs():
     assert serialize_step(rebuilt) == data
     m2, o2 = clone_training_state(w.model, opt, "adam")
     torch.testing.assert_close(step.run(w.model, opt, w.batch), rebuilt.run(m2, o2, w.batch))
+
+
+def test_custom_factory_with_graph_constant_round_trips():
+    from acstudio.workload import WorkloadSpec
+
+    w = build_workload(WorkloadSpec("resources/custom_model_example.py:make", batch_size=4))
+    assert w.family == "custom"
+    opt = w.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn)
+    assert any(n.op == "get_attr" for n in step.gm.graph.nodes)
+    rebuilt = deserialize_step(serialize_step(step))
+    m2, o2 = clone_training_state(w.model, opt, "adam")
+    torch.manual_seed(0)
+    loss = step.run(w.model, opt, w.batch)
+    torch.manual_seed(0)
+    torch.testing.assert_close(loss, rebuilt.run(m2, o2, w.batch))
+    torch.testing.assert_close(w.model.head.weight, m2.head.weight)

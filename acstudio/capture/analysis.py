@@ -139,6 +139,9 @@ def analyze(step: CapturedStep, device_type: str) -> GraphAnalysis:
         if creator.op == "placeholder":
             category = SLOT_CATEGORY[slot_of[creator].kind]
             end = None
+        elif creator.op == "get_attr":  # a constant the graph module holds
+            category = "buffer"
+            end = None
         elif sid in output_storages:
             category = "temporary" if sid in loss_storages else "gradient"
             end = None
@@ -187,6 +190,8 @@ def replay_reason(node: fx.Node, region: str, state_storages: set[str], node_sto
     """``"ok"`` if re-executing ``node`` in backward is safe, else why not."""
     if node.op == "placeholder":
         return "placeholder (always resident)"
+    if node.op == "get_attr":
+        return "constant (always resident)"
     if node.op != "call_function":
         return node.op
     if region not in ("forward", "loss"):

@@ -94,9 +94,32 @@ def tensor_summary(val: Any) -> tuple[str, str]:
     return "", ""
 
 
+MAX_CONSTANT_ELEMENTS = 65536
+
+
+def _encode_constant(gm: fx.GraphModule, target: str) -> dict[str, Any]:
+    """Constants that tracing lifted into attributes (small tensors made inside model code)."""
+    value = gm
+    for name in target.split("."):
+        value = getattr(value, name)
+    if not isinstance(value, torch.Tensor) or value.numel() > MAX_CONSTANT_ELEMENTS:
+        raise ProfileFileError(f"cannot serialize graph constant {target} ({type(value).__name__})")
+    return {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
+            "device": value.device.type, "data": value.detach().cpu().flatten().tolist()}
+
+
+def _decode_constant(rec: dict[str, Any], device: str | None) -> torch.Tensor:
+    dev = rec["device"] if device is None or rec["device"] == "cpu" else device
+    t = torch.tensor(rec["data"], dtype=getattr(torch, rec["dtype"]))
+    return t.reshape(rec["shape"]).to(dev)
+
+
 def serialize_step(step: CapturedStep) -> dict[str, Any]:
     nodes = []
+    constants = {}
     for node in step.gm.graph.nodes:
+        if node.op == "get_attr":
+            constants[node.target] = _encode_constant(step.gm, node.target)
         nodes.append({
             "id": node.meta["ac_id"],
             "name": node.name,
@@ -113,6 +136,7 @@ def serialize_step(step: CapturedStep) -> dict[str, Any]:
         "nodes": nodes,
         "inputs": [[s.kind, s.key] for s in step.inputs],
         "grad_params": list(step.grad_params),
+        "constants": constants,
     }
 
 
@@ -120,7 +144,10 @@ def deserialize_step(graph: dict[str, Any], device: str | None = None) -> Captur
     """Rebuild the captured step (same nodes, same ids) from :func:`serialize_step` output."""
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
+    root = torch.nn.Module()
     try:
+        for name, rec in graph.get("constants", {}).items():
+            root.register_buffer(name, _decode_constant(rec, device))
         for rec in graph["nodes"]:
             args = _decode(rec["args"], env, device)
             kwargs = {k: _decode(v, env, device) for k, v in rec["kwargs"].items()}
@@ -128,12 +155,14 @@ def deserialize_step(graph: dict[str, Any], device: str | None = None) -> Captur
                 node = g.placeholder(rec["name"])
             elif rec["op"] == "output":
                 node = g.output(args[0])
+            elif rec["op"] == "get_attr":
+                node = g.get_attr(rec["target"])
             else:
                 node = g.create_node(rec["op"], resolve_target(rec["target"]), args, kwargs, name=rec["name"])
             node.meta.update(ac_id=rec["id"], ac_region=rec["region"], ac_module=rec["module"],
                              ac_shape=rec["shape"], ac_dtype=rec["dtype"])
             env[rec["id"]] = node
-        gm = fx.GraphModule(torch.nn.Module(), g)
+        gm = fx.GraphModule(root, g)
     except (KeyError, ValueError, TypeError) as exc:
         raise ProfileFileError(f"corrupt graph in profile ({type(exc).__name__}: {exc})") from exc
     return CapturedStep(gm=gm, inputs=[InputSlot(k, key) for k, key in graph["inputs"]],

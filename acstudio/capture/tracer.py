@@ -50,6 +50,24 @@ def materialize_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.O
             p.grad = g
 
 
+def make_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """Switch CUDA Adam/AdamW-style groups to ``capturable=True`` with their step counters on the GPU.
+
+    The default (non-capturable) multi-tensor Adam keeps step counters as CPU scalars and feeds them to
+    ``_foreach_addcdiv_`` as a CPU scalar list, which fake-tensor tracing cannot propagate ("Expected scalars
+    to be on CPU, got meta"). The capturable formulas are the same update written with device tensors; results
+    agree to fp32 rounding. The change is made on the optimizer itself, so the graph's inputs match it.
+    """
+    for group in optimizer.param_groups:
+        if group.get("capturable", True) or not any(p.is_cuda for p in group["params"]):
+            continue
+        group["capturable"] = True
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and step.device != p.device:
+                optimizer.state[p]["step"] = step.to(p.device)
+
+
 def resolve_foreach(optimizer: torch.optim.Optimizer) -> None:
     """Pin ``foreach`` to what torch.optim would pick for the real tensors.
 
@@ -135,6 +153,7 @@ def capture_step(
     """Trace one whole training iteration of ``model`` (already on its device) into a ``CapturedStep``."""
     report(progress, 0, 3, "preparing optimizer state")
     materialize_optimizer_state(model, optimizer)
+    make_capturable(optimizer)
     resolve_foreach(optimizer)
     check(cancel)
 

@@ -103,6 +103,12 @@ class NodeTimer:
         return [self.starts[i].elapsed_time(self.ends[i]) if active[i] else 0.0 for i in range(self.n)]
 
 
+def fetch_attr(module: torch.nn.Module, target: str):
+    for name in target.split("."):
+        module = getattr(module, name)
+    return module
+
+
 def run_node_by_node(step: CapturedStep, flat: list, timer: NodeTimer,
                      on_node: Callable[[int], None] | None = None) -> None:
     """Interpret the graph, freeing each value after its last use; ``timer`` records every node."""
@@ -114,6 +120,8 @@ def run_node_by_node(step: CapturedStep, flat: list, timer: NodeTimer,
         for i, node in enumerate(nodes):
             if node.op == "placeholder":
                 env[node] = next(inputs)
+            elif node.op == "get_attr":
+                env[node] = fetch_attr(step.gm, node.target)
             elif node.op == "call_function":
                 args = fx.node.map_arg(node.args, env.__getitem__)
                 kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
