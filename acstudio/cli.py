@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
 from acstudio import __version__
 from acstudio.errors import ACStudioError, Cancelled
@@ -104,7 +103,7 @@ GUI_FLAGS = ("--screenshot",)
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    commands = set(parser._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no public API
+    commands = set(parser._subparsers._group_actions[0].choices)
     if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
         if argv and argv[0].startswith("-") and argv[0] not in GUI_FLAGS:
             parser.error(f"unknown option {argv[0]}")

@@ -73,7 +73,7 @@ def test_corrupt_and_wrong_version_files(bert_profile, tmp_path):
         Profile.load(old)
     other = tmp_path / "plan.json.gz"
     other.write_bytes(gzip.compress(json.dumps({"schema": "acstudio.plan", "version": 1}).encode()))
-    with pytest.raises(ProfileFileError, match="expected a acstudio.profile"):
+    with pytest.raises(ProfileFileError, match=r"expected a acstudio\.profile"):
         Profile.load(other)
     truncated = tmp_path / "trunc.json"
     truncated.write_text(json.dumps({"schema": "acstudio.profile", "version": 1, "nodes": []}))
