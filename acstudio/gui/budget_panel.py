@@ -30,8 +30,8 @@ SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120)
 
 
 class BudgetPanel(QWidget):
-    budgetChanged = Signal(int)
-    budgetPreview = Signal(int)
+    budgetChanged = Signal(object)  # bytes (may exceed 32 bits)
+    budgetPreview = Signal(object)
     solverChanged = Signal(str)
 
     def __init__(self, solvers: tuple[str, ...], parent: QWidget | None = None) -> None:
@@ -72,6 +72,8 @@ class BudgetPanel(QWidget):
         item.setLabel("bottom", "extra time per iteration (ms)")
         item.setLabel("left", "peak (GiB)")
         item.showGrid(x=True, y=True, alpha=0.3)
+        for axis in ("left", "bottom"):
+            item.getAxis(axis).enableAutoSIPrefix(False)
         item.addLegend(offset=(-10, 10), labelTextSize="7pt")
         self.curve = item.plot([], [], pen=pg.mkPen((70, 130, 220), width=2), name="μ-TWO", stepMode=None)
         self.others: dict[str, pg.PlotDataItem] = {}
@@ -116,6 +118,11 @@ class BudgetPanel(QWidget):
         finally:
             self._syncing = False
 
+    def drag_to(self, budget_bytes: int) -> None:
+        """Follow a drag elsewhere (the timeline's budget line): preview now, commit when it pauses."""
+        self.set_budget(budget_bytes)
+        self._debounce.start()
+
     def _on_slider(self, _value: int) -> None:
         if self._syncing:
             return
@@ -153,7 +160,15 @@ class BudgetPanel(QWidget):
         self.status_label.setText(f'<span style="color:{colour}"><b>{text}</b></span> {reason}')
 
     def set_curve(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
-        self.curve.setData(np.asarray(extra_ms, dtype=float), np.asarray(peak_bytes, dtype=float) / GIB)
+        """The μ-TWO curve; the view spans it up to where it reaches its floor (the long flat tail is off-screen)."""
+        x = np.asarray(extra_ms, dtype=float)
+        y = np.asarray(peak_bytes, dtype=float)
+        self.curve.setData(x, y / GIB)
+        if len(y):
+            knee = int(np.argmax(y <= y.min() * 1.01))
+            item = self.pareto.getPlotItem()
+            item.setXRange(0, max(x[knee] * 1.3, 1e-3), padding=0.02)
+            item.setYRange(y.min() / GIB, y.max() / GIB, padding=0.05)
 
     def set_other(self, solver: str, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
         curve = self.others.get(solver)

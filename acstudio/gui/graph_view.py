@@ -38,6 +38,7 @@ REPLAYED = QColor(240, 160, 50)
 INSERTED = QColor(170, 0, 170)
 REGION_FILL = {"input": QColor(225, 225, 225), "forward": QColor(225, 235, 250), "loss": QColor(250, 240, 210),
                "backward": QColor(225, 245, 230), "optimizer": QColor(238, 228, 248), "output": QColor(225, 225, 225)}
+MIN_FIT_SCALE = 0.45
 KEY_ROLE = 0  # QGraphicsItem.data slot holding the item key ("g:<group>", "n:<node id>" or "c:<cluster>")
 
 
@@ -346,9 +347,9 @@ class GraphView(QWidget):
         if rect.isEmpty():
             return
         self.canvas.fitInView(rect, Qt.AspectRatioMode.KeepAspectRatio)
-        if self.canvas.transform().m11() < 0.25:  # keep labels readable: show the start instead
+        if self.canvas.transform().m11() < MIN_FIT_SCALE:  # keep labels readable: show the start instead
             self.canvas.resetTransform()
-            self.canvas.scale(0.25, 0.25)
+            self.canvas.scale(MIN_FIT_SCALE, MIN_FIT_SCALE)
             self.canvas.centerOn(rect.left(), rect.center().y())
 
     def shutdown(self) -> None:

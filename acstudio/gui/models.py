@@ -21,17 +21,26 @@ ID_ROLE = Qt.ItemDataRole.UserRole + 1  # the row's index value (node or activat
 Index = QModelIndex | QPersistentModelIndex
 
 
+def missing(v: Any) -> bool:
+    """Empty cell: ``None``, ``NaN`` or ``""`` (plan columns before a plan exists)."""
+    return v is None or v == "" or (isinstance(v, float) and math.isnan(v))
+
+
 def fmt_ms(v: Any) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+    return "" if missing(v) else f"{v:.3f}"
 
 
 def fmt_ratio(v: Any) -> str:
     """Recompute ratio in bytes freed per ms of recomputation, shown in MiB/ms."""
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v / 2**20:.2f}"
+    return "" if missing(v) else f"{v / 2**20:.2f}"
 
 
 def fmt_bytes(v: Any) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format_bytes(int(v))
+    return "" if missing(v) else format_bytes(int(v))
+
+
+def fmt_int(v: Any) -> str:
+    return "" if missing(v) else str(int(v))
 
 
 class DataFrameModel(QAbstractTableModel):
@@ -73,7 +82,7 @@ class DataFrameModel(QAbstractTableModel):
         fmt = self._formats.get(name)
         if fmt is not None:
             return [fmt(v) for v in values]
-        return ["" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]
+        return ["" if missing(v) else str(v) for v in values]
 
     def row_of(self, row_id: str) -> int:
         try:

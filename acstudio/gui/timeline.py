@@ -43,7 +43,7 @@ def region_spans(profile: Profile) -> list[tuple[str, int, int]]:
 class TimelineView(QWidget):
     """The timeline plot. ``budgetDragged`` fires while the budget line is dragged (bytes)."""
 
-    budgetDragged = Signal(int)
+    budgetDragged = Signal(object)  # bytes (may exceed 32 bits)
     nodeClicked = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -58,7 +58,10 @@ class TimelineView(QWidget):
         item.showGrid(x=False, y=True, alpha=0.3)
         item.setDownsampling(auto=True, mode="peak")
         item.setClipToView(True)
-        self.legend = item.addLegend(offset=(10, 10), labelTextSize="8pt")
+        for axis in ("left", "bottom"):
+            item.getAxis(axis).enableAutoSIPrefix(False)
+        self.legend = item.addLegend(offset=(-10, 10), labelTextSize="7pt", colCount=2, labelTextColor=(30, 30, 30),
+                                     brush=pg.mkBrush(255, 255, 255, 210), pen=pg.mkPen(200, 200, 200))
         self.stack: dict[str, pg.PlotDataItem] = {}
         for z, cat in enumerate(reversed(TIMELINE_CATEGORIES)):
             r, g, b = CATEGORY_COLOURS.get(cat, (160, 160, 160))
@@ -80,7 +83,7 @@ class TimelineView(QWidget):
         self.budget_line = pg.InfiniteLine(angle=0, movable=True, pen=pg.mkPen((200, 0, 0), width=2),
                                            hoverPen=pg.mkPen((255, 80, 0), width=3),
                                            label="budget {value:.3f} GiB",
-                                           labelOpts={"position": 0.97, "color": (200, 0, 0), "anchors": [(1, 1)]})
+                                           labelOpts={"position": 0.9, "color": (200, 0, 0), "movable": True})
         self.budget_line.setZValue(40)
         self.budget_line.sigPositionChanged.connect(self._on_line_moved)
         item.addItem(self.budget_line)
@@ -89,6 +92,7 @@ class TimelineView(QWidget):
         self.cursor.hide()
         item.addItem(self.cursor)
         self._bands: list[pg.GraphicsObject] = []
+        self._labels: list[pg.TextItem] = []
         self._profile: Profile | None = None
         self._x = np.zeros(0)
         self._syncing = False
@@ -105,6 +109,7 @@ class TimelineView(QWidget):
         for band in self._bands:
             item.removeItem(band)
         self._bands = []
+        self._labels: list[pg.TextItem] = []
         for region, lo, hi in region_spans(profile):
             colour = REGION_BANDS.get(region)
             if colour is None:
@@ -113,11 +118,14 @@ class TimelineView(QWidget):
                                        pen=pg.mkPen(None))
             band.setZValue(-10)
             item.addItem(band)
-            label = pg.TextItem(region, color=(90, 90, 90), anchor=(0, 0))
-            label.setPos(lo, 0)
-            label.setZValue(-9)
-            item.addItem(label)
-            self._bands += [band, label]
+            self._bands.append(band)
+            if hi - lo > 0.04 * n:  # no room for a label on a sliver (the loss is a handful of nodes)
+                label = pg.TextItem(region, color=(90, 90, 90), anchor=(0, 0))
+                label.setZValue(-9)
+                item.addItem(label)
+                self._bands.append(label)
+                self._labels.append(label)
+                label.setPos(lo, 0)
         self.baseline.setData(self._x, baseline_total / GIB)
         measured = np.asarray([nd.mem_peak for nd in profile.nodes], dtype=float)
         if measured.any():
@@ -126,8 +134,8 @@ class TimelineView(QWidget):
             self.measured.setData([], [])
         top = max(float(baseline_total.max(initial=0)), float(measured.max(initial=0)))
         self.budget_line.setBounds((floor_bytes / GIB, top / GIB * 1.05))
-        for label in self._bands[1::2]:
-            label.setPos(label.pos().x(), top / GIB * 1.08)
+        for label in self._labels:
+            label.setPos(label.pos().x(), top / GIB * 1.1)
         item.setXRange(0, max(n - 1, 1), padding=0.01)
         item.setYRange(0, top / GIB * 1.12, padding=0)
         self.cursor.hide()

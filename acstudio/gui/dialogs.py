@@ -1,0 +1,212 @@
+"""Dialogs: new profile, benchmark results, and the message sink used for every error the user sees.
+
+Nothing here blocks the event loop except the dialogs' own ``exec``; the main window never opens a modal
+box directly but goes through :class:`Messages`, which tests replace with a recorder.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QPushButton,
+    QSpinBox,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from acstudio.errors import ACStudioError
+from acstudio.gui.models import DataFrameModel, FilterProxy
+from acstudio.workload import WorkloadSpec
+from acstudio.workload.spec import OPTIMIZERS, PRECISIONS
+
+
+class Messages:
+    """Where the window reports errors and notices: message boxes in the app, a list in tests."""
+
+    def __init__(self, parent: QWidget) -> None:
+        self.parent = parent
+
+    def error(self, title: str, message: str, details: str = "") -> None:
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self.parent)
+        if details:
+            box.setDetailedText(details)
+        box.exec()
+
+    def info(self, title: str, message: str) -> None:
+        QMessageBox.information(self.parent, title, message)
+
+
+def cuda_devices() -> list[tuple[str, str]]:
+    """(device string, label) for every visible CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [(f"cuda:{i}", f"cuda:{i} – {torch.cuda.get_device_name(i)}") for i in range(torch.cuda.device_count())]
+
+
+class NewProfileDialog(QDialog):
+    """Choose a workload (zoo model or ``file.py:factory``) and a device to profile it on."""
+
+    def __init__(self, models: dict[str, list[str]], devices: list[tuple[str, str]],
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("New profile")
+        self.filter = QLineEdit(placeholderText="Filter models")
+        self.models = QListWidget()
+        self._family: dict[str, str] = {}
+        for family, names in models.items():
+            header = QListWidgetItem(f"— {family} —")
+            header.setFlags(Qt.ItemFlag.NoItemFlags)
+            self.models.addItem(header)
+            for name in names:
+                self.models.addItem(name)
+                self._family[name] = family
+        self.filter.textChanged.connect(self._apply_filter)
+        self.models.currentItemChanged.connect(self._update_enabled)
+        self.custom = QLineEdit(placeholderText="or your own: path/to/file.py:factory")
+        self.custom.textChanged.connect(self._update_enabled)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        custom_row = QHBoxLayout()
+        custom_row.addWidget(self.custom, 1)
+        custom_row.addWidget(browse)
+        self.batch = QSpinBox(minimum=1, maximum=65536, value=8)
+        self.image = QSpinBox(minimum=8, maximum=4096, value=224)
+        self.seq = QSpinBox(minimum=1, maximum=1 << 20, value=128)
+        self.config = QLineEdit(placeholderText="model config overrides, e.g. num_hidden_layers=4 hidden_size=256")
+        self.optimizer = QComboBox()
+        self.optimizer.addItems(list(OPTIMIZERS))
+        self.optimizer.setCurrentText("adam")
+        self.precision = QComboBox()
+        self.precision.addItems(list(PRECISIONS))
+        self.device = QComboBox()
+        for dev, label in devices:
+            self.device.addItem(label, dev)
+        self.device.addItem("cpu", "cpu")
+        self.error = QLabel("")
+        self.error.setStyleSheet("color: #b01010")
+        self.error.setWordWrap(True)
+        form = QFormLayout()
+        form.addRow("Model", self.filter)
+        form.addRow("", self.models)
+        form.addRow("", custom_row)
+        form.addRow("Batch size", self.batch)
+        form.addRow("Image size", self.image)
+        form.addRow("Sequence length", self.seq)
+        form.addRow("Config", self.config)
+        form.addRow("Optimizer", self.optimizer)
+        form.addRow("Precision", self.precision)
+        form.addRow("Device", self.device)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Profile")
+        buttons.accepted.connect(self._accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.error)
+        layout.addWidget(buttons)
+        self.result_spec: WorkloadSpec | None = None
+
+    def model_name(self) -> str:
+        custom = self.custom.text().strip()
+        if custom:
+            return custom
+        item = self.models.currentItem()
+        return item.text() if item is not None and item.text() in self._family else ""
+
+    def select_model(self, name: str) -> None:
+        for row in range(self.models.count()):
+            if self.models.item(row).text() == name:
+                self.models.setCurrentRow(row)
+                return
+        self.custom.setText(name)
+
+    def _apply_filter(self, text: str) -> None:
+        t = text.strip().lower()
+        for row in range(self.models.count()):
+            item = self.models.item(row)
+            name = item.text()
+            item.setHidden(bool(t) and name in self._family and t not in name.lower())
+
+    def _update_enabled(self, *_args) -> None:
+        family = "custom" if self.custom.text().strip() else self._family.get(self.model_name(), "")
+        self.image.setEnabled(family in ("torchvision", "custom"))
+        self.seq.setEnabled(family in ("transformers", "custom"))
+        self.config.setEnabled(family in ("transformers", "custom", "torchvision"))
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Model factory file", "", "Python files (*.py)")
+        if path:
+            self.custom.setText(f"{path}:make_workload")
+
+    def spec(self) -> WorkloadSpec:
+        """The chosen workload; raises :class:`ACStudioError` with a readable message if incomplete."""
+        name = self.model_name()
+        if not name:
+            raise ACStudioError("choose a model from the list or enter file.py:factory")
+        config = []
+        for part in self.config.text().replace(",", " ").split():
+            key, eq, value = part.partition("=")
+            if not eq or not key:
+                raise ACStudioError(f"config override {part!r} is not key=value")
+            config.append((key, value))
+        return WorkloadSpec(name, batch_size=self.batch.value(), optimizer=self.optimizer.currentText(),
+                            precision=self.precision.currentText(), image_size=self.image.value(),
+                            seq_len=self.seq.value(), config=tuple(config))
+
+    def device_string(self) -> str:
+        return str(self.device.currentData())
+
+    def _accept(self) -> None:
+        try:
+            self.result_spec = self.spec()
+        except ACStudioError as exc:
+            self.error.setText(str(exc))
+            return
+        self.accept()
+
+
+class TableDialog(QDialog):
+    """A sortable table of a DataFrame with an optional scatter plot (benchmark results)."""
+
+    def __init__(self, title: str, df: pd.DataFrame, plot: tuple[str, str] | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        self.resize(900, 560)
+        self.model = DataFrameModel(df, parent=self)
+        proxy = FilterProxy(self)
+        proxy.setSourceModel(self.model)
+        table = QTableView()
+        table.setModel(proxy)
+        table.setSortingEnabled(True)
+        table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        layout = QVBoxLayout(self)
+        layout.addWidget(table, 2)
+        if plot is not None and all(c in df.columns for c in plot):
+            x, y = plot
+            chart = pg.PlotWidget(background="w")
+            chart.getPlotItem().setLabel("bottom", x)
+            chart.getPlotItem().setLabel("left", y)
+            data = df[[x, y]].apply(pd.to_numeric, errors="coerce").dropna()
+            chart.getPlotItem().plot(data[x].to_numpy(), data[y].to_numpy(), pen=None, symbol="o", symbolSize=8)
+            layout.addWidget(chart, 1)
+        close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        close.rejected.connect(self.reject)
+        layout.addWidget(close)

@@ -1,0 +1,491 @@
+"""The main window: docks, menus, status bar and the wiring between session, views and background jobs.
+
+No engine logic lives here. Every long call runs in a :class:`~acstudio.gui.jobs.JobRunner`; every error the
+user can cause ends in :class:`~acstudio.gui.dialogs.Messages` and leaves what is loaded untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, QStandardPaths, Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDockWidget,
+    QFileDialog,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from acstudio.gui.budget_panel import BudgetPanel
+from acstudio.gui.dialogs import Messages
+from acstudio.gui.graph_view import GraphView
+from acstudio.gui.jobs import JobRunner
+from acstudio.gui.models import ID_ROLE, DataFrameModel, FilterProxy, fmt_bytes, fmt_int, fmt_ms, fmt_ratio
+from acstudio.gui.session import Loaded, PlanState, Session, open_document, prepare
+from acstudio.gui.timeline import TimelineView
+from acstudio.plan.budget import format_bytes
+from acstudio.plan.model import Plan
+from acstudio.plan.mutwo import SOLVERS
+
+MAX_RECENT = 8
+FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
+TABLE_FORMATS = {"bytes": fmt_bytes, "inactive_ms": fmt_ms, "recompute_ms": fmt_ms, "ratio": fmt_ratio,
+                 "step": fmt_int, "replay_nodes": fmt_int}
+TABLE_HEADERS = {"inactive_ms": "inactive (ms)", "recompute_ms": "recompute (ms)", "ratio": "ratio (MiB/ms)",
+                 "lifetime": "lifetime (nodes)", "first_bw_use": "first backward use", "replay_nodes": "replays",
+                 "step": "μ-TWO step"}
+
+
+def default_cache_dir() -> str:
+    return os.path.join(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.CacheLocation), "layouts")
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: QSettings | None = None, cache_dir: str | None = None,
+                 messages: Messages | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("AC Studio")
+        self.setAcceptDrops(True)
+        self.resize(1500, 950)
+        self.settings = settings if settings is not None else QSettings("AC Studio", "acstudio")
+        self.messages = messages or Messages(self)
+        self.session = Session(self)
+        self.session.loadedChanged.connect(self._on_loaded)
+        self.session.planChanged.connect(self._on_plan)
+        self.session.selectionChanged.connect(self._on_selection)
+        self.session.failed.connect(lambda msg, details: self._error("Planning failed", msg, details))
+
+        self.graph = GraphView(cache_dir if cache_dir is not None else default_cache_dir())
+        self.graph.nodeSelected.connect(self.session.select)
+        self.graph.status.connect(self.show_status)
+        self.timeline = TimelineView()
+        self.timeline.nodeClicked.connect(self.session.select)
+        self.timeline.budgetDragged.connect(self._on_line_dragged)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(self.graph)
+        splitter.addWidget(self.timeline)
+        splitter.setSizes([560, 340])
+        self.setCentralWidget(splitter)
+
+        self.budget = BudgetPanel(SOLVERS)
+        self.budget.budgetChanged.connect(self.set_budget)
+        self.budget.budgetPreview.connect(self.timeline.set_budget)
+        self.budget.solverChanged.connect(self._on_solver)
+        self.budget.setEnabled(False)
+        self.inspector = QTextBrowser()
+        self.table_model = DataFrameModel(formats=TABLE_FORMATS, headers=TABLE_HEADERS, parent=self)
+        self.table_proxy = FilterProxy(self)
+        self.table_proxy.setSourceModel(self.table_model)
+        self.table = QTableView()
+        self.table.setModel(self.table_proxy)
+        self.table.setSortingEnabled(True)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
+        self.table.selectionModel().currentRowChanged.connect(self._on_table_row)
+        self.table_filter = QLineEdit(placeholderText="Filter activations (any column)")
+        self.table_filter.textChanged.connect(self.table_proxy.setFilterFixedString)
+        table_box = QWidget()
+        box_layout = QVBoxLayout(table_box)
+        box_layout.setContentsMargins(0, 0, 0, 0)
+        box_layout.addWidget(self.table_filter)
+        box_layout.addWidget(self.table)
+        self._dock("Budget", "budget_dock", self.budget, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("Inspector", "inspector_dock", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("Activations", "table_dock", table_box, Qt.DockWidgetArea.BottomDockWidgetArea)
+
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(260)
+        self.progress.hide()
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.hide()
+        self.cancel_button.clicked.connect(self.cancel_jobs)
+        self.status_label = QLabel("")
+        self.statusBar().addWidget(self.status_label, 1)
+        self.statusBar().addPermanentWidget(self.progress)
+        self.statusBar().addPermanentWidget(self.cancel_button)
+
+        self.runners: dict[str, JobRunner] = {}
+        for name in ("load", "profile", "export", "bench"):
+            runner = JobRunner(name, self)
+            runner.progress.connect(partial(self._on_progress, name))
+            runner.busyChanged.connect(self._update_busy)
+            runner.failed.connect(partial(self._on_job_failed, name))
+            runner.cancelled.connect(partial(self.show_status, f"{name}: cancelled"))
+            self.runners[name] = runner
+        self.runners["load"].resultReady.connect(self._on_opened)
+        self.runners["profile"].resultReady.connect(self._on_profiled)
+        self.runners["export"].resultReady.connect(self._on_exported)
+        self.runners["bench"].resultReady.connect(self._on_bench)
+        self._opening = ""
+        self._build_menus()
+        self._restore_layout()
+
+    def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(name)  # saveState needs names
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    # -- menus -----------------------------------------------------------------------------------------------
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        self._action(file_menu, "&New profile…", self.new_profile_dialog, QKeySequence.StandardKey.New)
+        self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open)
+        self.recent_menu = file_menu.addMenu("Open &recent")
+        file_menu.addSeparator()
+        self.save_plan_action = self._action(file_menu, "&Save plan…", self.save_plan_dialog,
+                                             QKeySequence.StandardKey.Save)
+        self.export_action = self._action(file_menu, "&Export…", self.export_dialog, "Ctrl+E")
+        self.bench_action = self._action(file_menu, "&Benchmark…", self.bench_dialog, "Ctrl+B")
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        view_menu = self.menuBar().addMenu("&View")
+        for dock in self.findChildren(QDockWidget):
+            view_menu.addAction(dock.toggleViewAction())
+        self._action(view_menu, "Fit graph", self.graph.fit, "Ctrl+0")
+        self._update_recent_menu()
+        self._update_actions()
+
+    def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        action.triggered.connect(lambda _checked=False: slot())
+        menu.addAction(action)
+        return action
+
+    def _update_actions(self) -> None:
+        has_plan = self.session.state is not None and self.session.state.plan is not None
+        for action in (self.save_plan_action, self.export_action):
+            action.setEnabled(has_plan)
+        self.bench_action.setEnabled(self.session.loaded is not None)
+
+    # -- files -----------------------------------------------------------------------------------------------
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open profile or plan", self._last_dir(), FILE_FILTER)
+        if path:
+            self.open_path(path)
+
+    def open_path(self, path: str) -> None:
+        """Open a profile (or a plan for the open profile) in the background; errors keep the current one."""
+        self._opening = str(path)
+        self.show_status(f"Opening {path}…")
+        self.runners["load"].submit(partial(open_document, str(path), self.session.loaded))
+
+    def _on_opened(self, result: Loaded | Plan) -> None:
+        self._remember(self._opening)
+        if isinstance(result, Plan):
+            self.session.set_plan(result)
+            self.budget.set_budget(result.budget_bytes)
+            self.timeline.set_budget(result.budget_bytes)
+            self.show_status(f"Plan {Path(self._opening).name}: {result.solver}, "
+                             f"budget {format_bytes(result.budget_bytes)}")
+        else:
+            self.session.set_loaded(result)
+
+    def _remember(self, path: str) -> None:
+        recent = [p for p in self._recent() if p != path]
+        self.settings.setValue("recent_files", [path, *recent][:MAX_RECENT])
+        self.settings.setValue("last_dir", str(Path(path).parent))
+        self._update_recent_menu()
+
+    def _recent(self) -> list[str]:
+        value = self.settings.value("recent_files", [])
+        if isinstance(value, str):  # QSettings returns a bare string for one-element lists
+            value = [value]
+        return [str(v) for v in value or []]
+
+    def _last_dir(self) -> str:
+        return str(self.settings.value("last_dir", ""))
+
+    def _update_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        for path in self._recent():
+            action = self.recent_menu.addAction(path)
+            action.triggered.connect(lambda _checked=False, p=path: self.open_path(p))
+        self.recent_menu.setEnabled(bool(self._recent()))
+
+    def dragEnterEvent(self, event) -> None:
+        if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        files = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
+        if files:
+            self.open_path(files[0])
+            event.acceptProposedAction()
+
+    # -- new profile -----------------------------------------------------------------------------------------
+    def new_profile_dialog(self) -> None:
+        from acstudio.gui.dialogs import NewProfileDialog, cuda_devices
+        from acstudio.workload import list_models
+
+        dialog = NewProfileDialog(list_models(), cuda_devices(), self)
+        if dialog.exec() and dialog.result_spec is not None:
+            self.start_profile(dialog.result_spec, dialog.device_string())
+
+    def start_profile(self, spec, device: str) -> None:
+        """Profile ``spec`` on ``device`` in the background, then open it (saved under the app data folder)."""
+        out_dir = Path(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)) / "profiles"
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = f"{spec.label.replace(' ', '_').replace('/', '_').replace(':', '_')}-{device.replace(':', '')}"
+        path = out_dir / f"{name}-{stamp}.json.gz"
+        self.show_status(f"Profiling {spec.label} on {device}…")
+        self.runners["profile"].submit(partial(profile_and_prepare, spec, device, str(path)))
+
+    def _on_profiled(self, loaded: Loaded) -> None:
+        self._remember(loaded.path)
+        self.session.set_loaded(loaded)
+        self.show_status(f"Profiled {loaded.profile.label}; saved to {loaded.path}")
+
+    # -- session updates -------------------------------------------------------------------------------------
+    def _on_loaded(self, loaded: Loaded) -> None:
+        profile = loaded.profile
+        self.setWindowTitle(f"AC Studio – {profile.label} – {Path(loaded.path).name}")
+        self.graph.set_tree(loaded.tree)
+        self.timeline.set_profile(profile, loaded.baseline.timeline.sum(axis=1), self.session.floor_bytes)
+        self.table_model.set_frame(loaded.table)
+        self.table_proxy.sort(-1)  # graph order until the user sorts
+        self.table.horizontalHeader().setSortIndicator(-1, Qt.SortOrder.AscendingOrder)
+        self.table.resizeColumnsToContents()
+        self.table.setColumnWidth(self.table_model.columns.index("why"), 320)
+        floor, top = self.session.floor_bytes, self.session.baseline_bytes
+        self.budget.set_range(floor, top)
+        curve = loaded.trajectory.curve()
+        self.budget.set_curve(curve["extra_ms"].to_numpy(), curve["predicted_peak_bytes"].to_numpy())
+        self.budget.clear_others()
+        self.budget.setEnabled(True)
+        self.budget.solver.setCurrentText("mutwo")
+        self.inspector.setHtml(self._profile_html(loaded))
+        self.set_budget(top if floor >= top else (floor + top) // 2)
+        self._update_actions()
+        self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} "
+                         f"activations; peak {format_bytes(top)}, floor {format_bytes(floor)}")
+
+    def set_budget(self, budget: int) -> None:
+        """Budget from any control: all controls follow, the session plans (quickly, then fully)."""
+        if self.session.loaded is None:
+            return
+        self.budget.set_budget(budget)
+        self.timeline.set_budget(budget)
+        if self.session.solver == "mutwo":
+            self.session.set_budget(budget)
+
+    def _on_line_dragged(self, budget: int) -> None:
+        self.budget.drag_to(budget)
+
+    def _on_solver(self, solver: str) -> None:
+        self.session.solver = solver
+        if solver == "mutwo" and self.session.loaded is not None:
+            self.session.set_budget(self.budget.budget_bytes())
+
+    def _on_plan(self, state: PlanState) -> None:
+        t0 = time.perf_counter()
+        loaded = self.session.loaded
+        candidates = len(loaded.profile.activations) - len(loaded.template.excluded)
+        self.budget.show_prediction(state.peak_bytes, state.extra_ms, loaded.profile.iteration_ms,
+                                    len(state.recomputed), candidates, state.feasible, state.stop_reason)
+        self.budget.set_current(state.extra_ms, state.peak_bytes)
+        self.graph.recolour(self.session.graph_decisions(state))
+        self.table_model.set_columns(self.session.table_columns(state))
+        if state.sim is not None:
+            pos = loaded.profile.node_index.get(state.sim.peak_node, -1)
+            self.timeline.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
+        if self.session.selected:
+            self.inspector.setHtml(self._node_html(self.session.selected))
+        self._update_actions()
+        self.last_update_ms = (time.perf_counter() - t0) * 1e3
+
+    def _on_selection(self, node_id: str) -> None:
+        self.graph.select_node(node_id)
+        self.timeline.set_cursor(node_id)
+        self.inspector.setHtml(self._node_html(node_id))
+        loaded = self.session.loaded
+        acts = [a.id for a in loaded.profile.activations if a.created_at == node_id]
+        if acts:
+            row = self.table_model.row_of(acts[0])
+            proxy_index = self.table_proxy.mapFromSource(self.table_model.index(row, 0))
+            if proxy_index.isValid():
+                self.table.selectionModel().blockSignals(True)
+                self.table.selectRow(proxy_index.row())
+                self.table.selectionModel().blockSignals(False)
+                self.table.scrollTo(proxy_index)
+
+    def _on_table_row(self, current, _previous) -> None:
+        act_id = current.data(ID_ROLE)
+        if act_id and self.session.loaded is not None:
+            act = self.session.loaded.profile.activation_by_id.get(act_id)
+            if act is not None:
+                self.session.select(act.created_at)
+
+    # -- inspector -------------------------------------------------------------------------------------------
+    def _profile_html(self, loaded: Loaded) -> str:
+        p = loaded.profile
+        env = p.environment
+        cats = "".join(f"<tr><td>{k}</td><td align=right>{format_bytes(v)}</td></tr>"
+                       for k, v in p.peak_breakdown.items() if v)
+        return (f"<h3>{p.label}</h3><p>{len(p.nodes)} nodes · {len(p.activations)} activations · "
+                f"iteration {p.iteration_ms:.1f} ms<br>device {env.get('device', '?')} · torch "
+                f"{env.get('torch', '?')}</p><p>measured peak {format_bytes(p.peak_bytes)} at {p.peak_node}<br>"
+                f"checkpointing floor {format_bytes(self.session.floor_bytes)}</p>"
+                f"<table><tr><th align=left>at the peak</th><th></th></tr>{cats}</table>"
+                "<p>Click a node in the graph, the timeline or the table.</p>")
+
+    def _node_html(self, node_id: str) -> str:
+        loaded = self.session.loaded
+        n = loaded.profile.node_by_id[node_id]
+        rows = [("op", n.target), ("module", n.module or "–"), ("region", n.region), ("shape", f"{n.shape} {n.dtype}"),
+                ("allocates", format_bytes(n.new_bytes)), ("run time", f"{n.run_time_ms:.3f} ms"),
+                ("memory after", format_bytes(n.mem_after)), ("memory peak", format_bytes(n.mem_peak)),
+                ("replay", n.replay)]
+        state = self.session.state
+        entries = {e.activation: e for e in state.plan.schedule} if state and state.plan else {}
+        for a in loaded.profile.activations:
+            if a.created_at != node_id:
+                continue
+            decision = state.decisions.get(a.id, "") if state else ""
+            rows += [("activation", f"{a.id}: {format_bytes(a.bytes)}"), ("decision", decision),
+                     ("last forward use", a.last_fw_use), ("first backward use", a.first_bw_use),
+                     ("inactive", f"{a.inactive_time_ms:.3f} ms")]
+            entry = entries.get(a.id)
+            if entry is not None:
+                rows += [("recomputed before", entry.recompute_before), ("sources", " ".join(entry.sources) or "–"),
+                         ("replays", f"{len(entry.replay)} nodes, {entry.recompute_ms:.3f} ms"),
+                         ("ratio", f"{entry.ratio / 2**20:.2f} MiB/ms")]
+        if state and state.plan:
+            inserted = [e.activation for e in state.plan.schedule if e.recompute_before == node_id]
+            if inserted:
+                rows.append(("recomputes before it", " ".join(inserted)))
+        body = "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows)
+        return f"<h3>{n.id} · {n.name}</h3><table cellspacing=3>{body}</table>"
+
+    # -- plan files, export, benchmark -----------------------------------------------------------------------
+    def save_plan_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save plan", self._last_dir(), FILE_FILTER)
+        if path:
+            self.save_plan(path)
+
+    def save_plan(self, path: str) -> None:
+        try:
+            self.session.state.plan.save(path)
+        except (OSError, ValueError) as exc:
+            self._error("Cannot save the plan", str(exc))
+            return
+        self._remember(path)
+        self.show_status(f"Plan saved to {path}")
+
+    def export_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Export into folder", self._last_dir())
+        if path:
+            self.export_to(path)
+
+    def export_to(self, out_dir: str) -> None:
+        """Schedule, rewritten module and report for the current plan, written in the background."""
+        from acstudio.export.exporter import export
+
+        state = self.session.state
+        self.show_status(f"Exporting to {out_dir}…")
+        self.runners["export"].submit(
+            lambda progress, cancel: export(self.session.loaded.profile, state.plan, out_dir, progress=progress))
+
+    def _on_exported(self, paths: list[str]) -> None:
+        self.show_status(f"Exported {len(paths)} files")
+        self.messages.info("Export finished", "Wrote:\n" + "\n".join(str(p) for p in paths))
+
+    def bench_dialog(self) -> None:
+        self.messages.info("Benchmark", "Benchmarking is not available in this build yet.")
+
+    def _on_bench(self, result) -> None:
+        self.show_status("Benchmark finished")
+
+    # -- jobs and status -------------------------------------------------------------------------------------
+    def cancel_jobs(self) -> None:
+        for runner in self.runners.values():
+            runner.cancel()
+
+    def _on_progress(self, name: str, done: int, total: int, message: str) -> None:
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(min(done, max(total, 1)))
+        self.show_status(f"{name}: {message}")
+
+    def _update_busy(self, _busy: bool = False) -> None:
+        busy = any(r.busy for r in self.runners.values())
+        self.progress.setVisible(busy)
+        self.cancel_button.setVisible(busy)
+        if busy:
+            self.progress.setRange(0, 0)
+
+    def _on_job_failed(self, name: str, message: str, details: str) -> None:
+        titles = {"load": "Cannot open the file", "profile": "Profiling failed", "export": "Export failed",
+                  "bench": "Benchmark failed"}
+        self._error(titles.get(name, name), message, details)
+
+    def _error(self, title: str, message: str, details: str = "") -> None:
+        self.show_status(f"{title}: {message}")
+        self.messages.error(title, message, details)
+
+    def show_status(self, text: str) -> None:
+        self.status_label.setText(text)
+
+    # -- layout persistence and shutdown ---------------------------------------------------------------------
+    def _restore_layout(self) -> None:
+        geometry = self.settings.value("geometry")
+        state = self.settings.value("window_state")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self.restoreState(state)
+
+    def closeEvent(self, event) -> None:
+        """Save the layout, cancel every job and wait for the worker threads, so nothing outlives the window."""
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("window_state", self.saveState())
+        self.settings.sync()
+        for runner in self.runners.values():
+            runner.shutdown()
+        self.session.shutdown()
+        self.graph.shutdown()
+        super().closeEvent(event)
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Process events until no job is running (``--screenshot`` and tests)."""
+        from PySide6.QtWidgets import QApplication
+
+        deadline = time.monotonic() + timeout_s
+        runners = [*self.runners.values(), self.session.plan_runner, self.graph.runner]
+        while time.monotonic() < deadline:
+            QApplication.processEvents()
+            if not any(r.busy for r in runners):
+                QApplication.processEvents()
+                return True
+            time.sleep(0.005)
+        return False
+
+
+def profile_and_prepare(spec, device: str, path: str, progress=None, cancel=None) -> Loaded:
+    """Profile in the worker thread, save the profile (so it can be reopened) and prepare it for display."""
+    from acstudio.profile.profiler import profile_workload
+
+    profile = profile_workload(spec, device=device, progress=progress, cancel=cancel)
+    profile.save(path)
+    return prepare(profile, path, progress, cancel)
+
