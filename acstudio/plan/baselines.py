@@ -1,0 +1,100 @@
+"""Classic checkpointing policies as recompute sets, judged by the same simulator as μ-TWO.
+
+* keep-all: no activation checkpointing;
+* recompute-all: every candidate recomputed (the floor);
+* per-module: what ``torch.utils.checkpoint`` around every repeated block does (each ResNet stage block,
+  transformer layer): everything a block creates is recomputed, except what leaves the block in forward
+  (its output, i.e. the next block's input);
+* sqrt-n: Chen et al.'s √n rule: keep every k-th articulation point of the forward graph (k = round √#points)
+  and recompute every other candidate.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from acstudio.plan.schedule import PlanContext
+from acstudio.simulate.replay import FORWARD_REGIONS
+
+_INDEX = re.compile(r"^\d+$")
+
+
+def repeated_blocks(modules: list[str]) -> dict[str, str]:
+    """Module path -> outermost repeated block containing it (``layer1.0``, ``bert.encoder.layer.3``).
+
+    A block is ``<prefix>.<n>`` where ``<prefix>`` has at least two numbered children (an ``nn.Sequential``
+    or ``nn.ModuleList`` of blocks).
+    """
+    children: dict[str, set[str]] = defaultdict(set)
+    for m in modules:
+        parts = m.split(".")
+        for i, p in enumerate(parts):
+            if _INDEX.match(p):
+                children[".".join(parts[:i])].add(p)
+    out = {}
+    for m in modules:
+        parts = m.split(".")
+        for i, p in enumerate(parts):
+            if _INDEX.match(p) and len(children[".".join(parts[:i])]) >= 2:
+                out[m] = ".".join(parts[:i + 1])
+                break
+    return out
+
+
+def per_module(ctx: PlanContext) -> list[int]:
+    """Candidates created inside a repeated block and not read by forward nodes outside that block."""
+    rg, nodes = ctx.rg, ctx.profile.nodes
+    block_of = repeated_blocks(sorted({nd.module for nd in nodes if nd.region in FORWARD_REGIONS}))
+    block = [block_of.get(nd.module, "") for nd in nodes]
+    leaves = np.zeros(len(rg.bytes), dtype=bool)
+    for r, nd in enumerate(nodes):
+        if nd.region not in FORWARD_REGIONS:
+            continue
+        for u in nd.inputs:
+            k = rg.act_index.get(nodes[ctx.profile.node_index[u]].storage)
+            if k is not None and block[rg.created[k]] != block[r]:
+                leaves[k] = True
+    return [k for k in rg.candidates if block[rg.created[k]] and not leaves[k]]
+
+
+def articulation_points(ctx: PlanContext) -> list[int]:
+    """Candidates held by a forward node that no forward edge jumps over (every path passes through it)."""
+    rg, nodes, index = ctx.rg, ctx.profile.nodes, ctx.profile.node_index
+    fw = [i for i, nd in enumerate(nodes) if nd.region in FORWARD_REGIONS]
+    reach = np.full(len(nodes) + 1, -1, dtype=np.int64)  # farthest target of an edge leaving node i
+    for i in fw:
+        for u in nodes[i].inputs:
+            j = index[u]
+            if nodes[j].op != "placeholder":
+                reach[j] = max(reach[j], i)
+    jump = np.maximum.accumulate(reach)  # farthest target of any edge leaving node <= i
+    points = []
+    seen = set()
+    for i in fw[1:]:
+        k = rg.act_index.get(nodes[i].storage)
+        if k is not None and k not in seen and rg.is_candidate[k] and jump[i - 1] <= i:
+            seen.add(k)
+            points.append(k)
+    return points
+
+
+def sqrt_n(ctx: PlanContext) -> list[int]:
+    points = articulation_points(ctx)
+    k = max(1, round(math.sqrt(len(points))))
+    keep = set(points[k - 1::k])
+    return [k for k in ctx.rg.candidates if k not in keep]
+
+
+def keep_all(ctx: PlanContext) -> list[int]:
+    return []
+
+
+def recompute_all(ctx: PlanContext) -> list[int]:
+    return list(ctx.rg.candidates)
+
+
+FIXED = {"keep-all": keep_all, "recompute-all": recompute_all, "per-module": per_module, "sqrt-n": sqrt_n}

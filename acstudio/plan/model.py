@@ -1,0 +1,146 @@
+"""``Plan``: which activations to free after forward and recompute in backward, and what that is predicted to cost.
+
+A plan is tied to one captured graph by ``profile_fingerprint``; loading it against another profile raises
+:class:`~acstudio.errors.PlanMismatchError`. The schedule lists the recomputations in the order they run
+(by first backward use, then forward creation order), which is the order the rewriter inserts them in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from acstudio.errors import PlanMismatchError, ProfileFileError
+from acstudio.fileio import read_document, write_document, write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from acstudio.profile.model import Profile
+
+SCHEMA = "acstudio.plan"
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class ScheduleEntry:
+    """One recomputation.
+
+    ``activation`` (a storage id) is freed after node ``freed_after`` (its last forward use) and recomputed
+    right before node ``recompute_before`` (its first backward use) by replaying the nodes in ``replay`` (ids,
+    topological order). Those nodes read ``sources``: activation ids that are in memory at that point
+    (retained, or recomputed earlier and still alive) and parameter/buffer/input storage ids. ``ratio`` is
+    bytes per millisecond of recompute time as the solver saw it when choosing (μ-TWO's recompute ratio).
+    """
+
+    activation: str
+    bytes: int
+    freed_after: str
+    recompute_before: str
+    sources: list[str]
+    replay: list[str]
+    recompute_ms: float
+    ratio: float
+
+
+@dataclass
+class Plan:
+    profile_fingerprint: str
+    solver: str
+    budget_bytes: int
+    recomputed: list[str]  # activation ids in the order the solver chose them
+    schedule: list[ScheduleEntry]
+    predicted_peak_bytes: int
+    predicted_peak_node: str
+    predicted_extra_ms: float
+    feasible: bool
+    stop_reason: str
+    floor_bytes: int
+    baseline_peak_bytes: int
+    activation_bytes: dict[str, int] = field(default_factory=dict)  # every activation of the profile
+    excluded: dict[str, str] = field(default_factory=dict)  # activations that are not candidates, and why
+
+    # -- identity ------------------------------------------------------------------------------------------
+    def check_profile(self, profile: Profile) -> None:
+        if profile.fingerprint != self.profile_fingerprint:
+            raise PlanMismatchError(
+                f"this plan was made for graph {self.profile_fingerprint}, but the profile's graph is "
+                f"{profile.fingerprint} ({profile.label}); plan again for this profile")
+
+    def decisions(self, profile: Profile) -> dict[str, str]:
+        """Activation id -> ``"recompute"``, ``"retain"`` or ``"not a candidate: <why>"``."""
+        self.check_profile(profile)
+        chosen = set(self.recomputed)
+        out = {}
+        for a in profile.activations:
+            if a.id in chosen:
+                out[a.id] = "recompute"
+            elif a.id in self.excluded:
+                out[a.id] = f"not a candidate: {self.excluded[a.id]}"
+            else:
+                out[a.id] = "retain"
+        return out
+
+    # -- persistence -----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["schedule"] = [dataclasses.astuple(e) for e in self.schedule]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        body = {k: v for k, v in d.items() if k in fields}
+        body["schedule"] = [ScheduleEntry(*row) for row in d["schedule"]]
+        return cls(**body)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Atomically write the plan as schema-versioned JSON (gzipped if the name ends in ``.gz``)."""
+        write_document(path, SCHEMA, SCHEMA_VERSION, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, profile: Profile | None = None) -> Plan:
+        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph."""
+        doc = read_document(path, SCHEMA, SCHEMA_VERSION)
+        try:
+            plan = cls.from_dict(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileFileError(f"{path}: corrupt plan ({type(exc).__name__}: {exc})") from exc
+        if profile is not None:
+            plan.check_profile(profile)
+        return plan
+
+    # -- tables ---------------------------------------------------------------------------------------------
+    def schedule_df(self) -> pd.DataFrame:
+        """One row per activation of the profile: decision, bytes, and for recomputed ones where and how."""
+        import pandas as pd
+
+        entries = {e.activation: e for e in self.schedule}
+        rows = []
+        for a, nbytes in self.activation_bytes.items():
+            e = entries.get(a)
+            if e is not None:
+                rows.append({"activation": a, "decision": "recompute", "bytes": nbytes,
+                             "freed_after": e.freed_after, "recompute_before": e.recompute_before,
+                             "sources": " ".join(e.sources), "replay_nodes": len(e.replay),
+                             "recompute_ms": e.recompute_ms, "ratio": e.ratio})
+            else:
+                why = self.excluded.get(a)
+                rows.append({"activation": a, "decision": f"not a candidate: {why}" if why else "retain",
+                             "bytes": nbytes})
+        cols = ["activation", "decision", "bytes", "freed_after", "recompute_before", "sources", "replay_nodes",
+                "recompute_ms", "ratio"]
+        return pd.DataFrame(rows, columns=cols).set_index("activation")
+
+    def export_schedule(self, directory: str | os.PathLike) -> list[str]:
+        """Write ``schedule.json`` (plan summary and every recomputation) and ``schedule.csv`` (one row per
+        activation) into ``directory``, each atomically. Returns the two paths."""
+        summary = {k: v for k, v in self.to_dict().items() if k not in ("schedule", "activation_bytes")}
+        summary["schedule"] = [dataclasses.asdict(e) for e in self.schedule]
+        paths = [os.path.join(directory, "schedule.json"), os.path.join(directory, "schedule.csv")]
+        write_text(paths[0], json.dumps(summary, indent=1))
+        write_text(paths[1], self.schedule_df().to_csv())
+        return paths

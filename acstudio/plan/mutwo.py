@@ -1,0 +1,355 @@
+"""μ-TWO's recompute-only activation checkpointing (recompute branch of its Algorithm B, with Alg D/E/F).
+
+Greedy: repeatedly recompute the candidate with the best recompute ratio, ``bytes / total recompute time``,
+where the total counts the candidate's replay once for itself and once more for every already-recomputed
+activation that reads it and would have to replay it too (Alg D/F's ``recomp_cnt``). After each pick the
+sources, replays and times of everything that read the picked activation are updated (Alg E/F; see
+:mod:`acstudio.simulate.replay` for the deduplicated, residency-checked form) and the whole iteration is
+re-simulated. Ties go to the larger inactive time, then the earlier first backward use, then the id.
+
+Instead of stopping at one budget, :func:`mutwo_trajectory` runs the greedy until no candidate is left (or the
+peak sits where no remaining candidate can lower it) and keeps every step, so a budget slider only looks the
+answer up. A pick can raise the simulated peak (a long replay's transient, or a source kept alive longer);
+the greedy keeps such picks, as μ-TWO does, and the trajectory reports the running minimum of the peak, so
+its peaks never increase. A budget is met by the first prefix whose own peak fits, which is also the first
+step whose reported peak fits.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from acstudio.errors import ACStudioError
+from acstudio.jobs import CancelToken, ProgressFn, check, report
+from acstudio.plan.budget import format_bytes
+from acstudio.plan.model import Plan
+from acstudio.plan.schedule import PlanContext
+from acstudio.profile.model import Profile
+from acstudio.simulate.simulator import Simulator
+
+SOLVERS = ("mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp")
+BUDGET_MET = "budget met"
+BASELINE_FITS = "nothing to do: baseline fits"
+EXHAUSTED = "candidates exhausted (budget below floor)"
+
+
+def candidates(profile: Profile, simulator: Simulator | None = None) -> list[str]:
+    """Activation ids μ-TWO may free and recompute; ``Plan.excluded`` / the simulator's replay graph say why
+    the others may not (random op, mutation of graph state, no inactive interval, ...)."""
+    sim = simulator or Simulator(profile)
+    return [sim.replay.act_ids[k] for k in sim.replay.candidates]
+
+
+@dataclass
+class TrajectoryStep:
+    """State after recomputing ``activation`` and everything picked before it (step 0: nothing recomputed).
+
+    ``predicted_peak_bytes`` is the lowest peak of this or any earlier step (see the module docstring),
+    ``simulated_peak_bytes`` this step's own; ``extra_ms`` is this step's total recompute time.
+    """
+
+    activation: str
+    predicted_peak_bytes: int
+    predicted_peak_node: str
+    extra_ms: float
+    simulated_peak_bytes: int = 0
+
+
+@dataclass
+class _Version:
+    """A recomputed activation's replay as of one step (it changes when its sources get recomputed)."""
+
+    step: int
+    chain: list[int]
+    sources: list[int]
+    nodes: np.ndarray
+    time_ms: float
+
+
+class _Greedy:
+    """The greedy's state; :meth:`pick` makes one choice and returns it, with its ratio."""
+
+    def __init__(self, ctx: PlanContext) -> None:
+        rg = self.rg = ctx.rg
+        self.ctx = ctx
+        n_act = len(rg.bytes)
+        self.mask = np.zeros(n_act, dtype=bool)
+        self.keep_until = np.full(n_act, -1, dtype=np.int64)
+        self.transient = np.zeros(n_act, dtype=np.int64)
+        self.chain: dict[int, list[int]] = {}
+        self.sources: dict[int, list[int]] = {}
+        self.nodes: dict[int, np.ndarray] = {}
+        self.time = np.zeros(n_act)
+        self.n_dep = np.zeros(n_act, dtype=np.int64)
+        self.readers: dict[int, set[int]] = defaultdict(set)  # activation -> candidates that read it
+        inactive = {a.id: a.inactive_time_ms for a in ctx.profile.activations}
+        self.order = sorted(rg.candidates, key=lambda k: (-inactive[rg.act_ids[k]], rg.first_bw[k], rg.act_ids[k]))
+        self.slot = {k: i for i, k in enumerate(self.order)}
+        self.ratio = np.zeros(len(self.order))
+        for k in self.order:
+            self._expand(k)
+            self._rate(k)
+        self.extra_ms = 0.0
+        self.history: dict[int, list[_Version]] = {}
+        self.steps = 0
+        # Remaining candidates' gaps, for the "peak out of reach" test.
+        self._cand = np.array(self.order, dtype=np.int64)
+
+    def _expand(self, k: int) -> tuple[list[int], list[int]]:
+        """(Re)compute ``k``'s replay under the current recompute set; returns (old, new) sources."""
+        rg = self.rg
+        chain, sources = rg.expand_chain(k, self.mask)
+        old = self.sources.get(k, [])
+        for s in set(old) - set(sources):
+            self.readers[s].discard(k)
+        for s in set(sources) - set(old):
+            self.readers[s].add(k)
+        self.chain[k], self.sources[k] = chain, sources
+        self.nodes[k] = rg.chain_nodes(chain)
+        self.time[k] = rg.run_ms[self.nodes[k]].sum()
+        return old, sources
+
+    def _rate(self, k: int) -> None:
+        total = self.time[k] * (1 + self.n_dep[k])
+        self.ratio[self.slot[k]] = self.rg.bytes[k] / max(total, 1e-12)
+
+    def _pays_for(self, s: int, reader: int) -> bool:
+        """Whether recomputing candidate ``s`` would make recomputed ``reader`` replay ``s`` as well."""
+        return not self.mask[s] and self.rg.is_candidate[s] and not self.rg.resident(s, self.rg.first_bw[reader])
+
+    def _read_by(self, reader: int, sources: list[int], sign: int, touched: set[int]) -> None:
+        """Account for recomputed ``reader`` starting (+1) or stopping (-1) to read ``sources``."""
+        f = self.rg.first_bw[reader]
+        for s in sources:
+            if self.mask[s]:
+                continue
+            if self._pays_for(s, reader):
+                self.n_dep[s] += sign
+                touched.add(s)
+            if sign > 0:
+                self.keep_until[s] = max(self.keep_until[s], f)
+            else:
+                self.keep_until[s] = max((self.rg.first_bw[r] for r in self.readers[s] if self.mask[r]), default=-1)
+
+    def pick(self) -> tuple[int, float] | None:
+        i = int(np.argmax(self.ratio))
+        if self.ratio[i] == -np.inf:
+            return None
+        rg = self.rg
+        t, ratio = self.order[i], float(self.ratio[i])
+        self.ratio[i] = -np.inf
+        self.mask[t] = True
+        self.steps += 1
+        touched: set[int] = set()
+        self._read_by(t, self.sources[t], +1, touched)
+        self.extra_ms += self.time[t]
+        changed = [t]
+        for k in [k for k in self.readers[t] if not rg.resident(t, rg.first_bw[k])]:
+            was_time = self.time[k]
+            old, new = self._expand(k)
+            if self.mask[k]:
+                self._read_by(k, [s for s in old if s not in new], -1, touched)
+                self._read_by(k, [s for s in new if s not in old], +1, touched)
+                self.extra_ms += self.time[k] - was_time
+                changed.append(k)
+            else:
+                touched.add(k)
+        for k in changed:
+            self.transient[k] = rg.transient_bytes(k, self.nodes[k])
+            self.history.setdefault(k, []).append(
+                _Version(self.steps, self.chain[k], self.sources[k], self.nodes[k], float(self.time[k])))
+        for s in touched:
+            if not self.mask[s]:
+                self._rate(s)
+        return t, ratio
+
+    def out_of_reach(self, pos: int) -> bool:
+        """True when no remaining candidate is in memory at node ``pos`` (so none can lower its memory)."""
+        rg, c = self.rg, self._cand
+        left = ~self.mask[c]
+        in_gap = (rg.last_fw[c] < pos) & (pos < rg.first_bw[c])
+        kept_for_reader = (rg.last_bw[c] < pos) & (pos < self.keep_until[c])
+        return not np.any(left & (in_gap | kept_for_reader))
+
+
+@dataclass
+class Trajectory:
+    """The whole greedy run: the memory/time curve and, per step, what each recomputation replays."""
+
+    steps: list[TrajectoryStep]
+    stop_reason: str  # why the greedy ended (candidates exhausted, or the peak out of their reach)
+    _ctx: PlanContext = field(repr=False)
+    _picks: list[int] = field(repr=False)
+    _ratios: list[float] = field(repr=False)
+    _history: dict[int, list[_Version]] = field(repr=False)
+    _own_nodes: list[str] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        self._own = np.array([s.simulated_peak_bytes for s in self.steps], dtype=np.int64)
+        self._min = np.array([s.predicted_peak_bytes for s in self.steps], dtype=np.int64)
+
+    def step_for_budget(self, budget_bytes: int) -> int | None:
+        """Index of the first step whose peak fits ``budget_bytes`` (``None`` if none does)."""
+        j = int(np.argmax(self._min <= budget_bytes))
+        return j if self._min[j] <= budget_bytes else None
+
+    def plan_for_budget(self, budget_bytes: int) -> Plan:
+        """The plan for a budget, read off the trajectory; if no step fits, an infeasible plan with the lowest
+        peak μ-TWO reached (it reports the floor as well)."""
+        j = self.step_for_budget(budget_bytes)
+        if j is None:
+            return self.plan_at(int(np.argmin(self._own)), budget_bytes, self.stop_reason)
+        return self.plan_at(j, budget_bytes, BASELINE_FITS if j == 0 else BUDGET_MET)
+
+    def plan_at(self, j: int, budget_bytes: int, stop_reason: str) -> Plan:
+        """The plan of step ``j`` (its first ``j`` picks) judged against ``budget_bytes``."""
+        ctx = self._ctx
+        chosen = self._picks[:j]
+        ratio_of = dict(zip(chosen, self._ratios))
+        entries = []
+        for k in ctx.execution_order(chosen):
+            versions = self._history[k]
+            v = versions[bisect.bisect_right([x.step for x in versions], j) - 1]
+            params = sorted({p for c in v.chain for p in ctx.rg.params[c]})
+            entries.append(ctx.entry(k, v.sources, params, v.nodes, v.time_ms, ratio_of[k]))
+        return ctx.make_plan("mutwo", budget_bytes, chosen, entries, int(self._own[j]), self._own_nodes[j],
+                             self.steps[j].extra_ms, stop_reason)
+
+    def curve(self) -> pd.DataFrame:
+        """One row per step: activation, peak (monotone), own simulated peak, peak node, extra ms."""
+        return pd.DataFrame([vars(s) for s in self.steps])
+
+
+def _trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: ProgressFn | None = None,
+                cancel: CancelToken | None = None) -> Trajectory:
+    """Run the greedy to the end, or only until the peak fits ``until_bytes``."""
+    sim = ctx.sim
+    steps = [TrajectoryStep("", sim.baseline_peak, sim.baseline_peak_node, 0.0, sim.baseline_peak)]
+    own_nodes = [sim.baseline_peak_node]
+    picks: list[int] = []
+    ratios: list[float] = []
+    g = _Greedy(ctx)
+    best = steps[0]
+    stop_reason = EXHAUSTED
+    total = len(g.order)
+    pos, before = ctx.profile.node_index[sim.baseline_peak_node], False
+    while until_bytes is None or best.predicted_peak_bytes > until_bytes:
+        check(cancel)
+        if not before and g.out_of_reach(pos):
+            region = ctx.profile.nodes[pos].region
+            stop_reason = (f"peak at {sim.node_ids[pos]} ({region}) is out of reach: no remaining candidate is "
+                           "in memory there")
+            break
+        picked = g.pick()
+        if picked is None:
+            break
+        peak, pos, before = sim.evaluate(g.mask, g.keep_until, g.transient)
+        node = sim.node_ids[pos]
+        picks.append(picked[0])
+        ratios.append(picked[1])
+        own_nodes.append(node)
+        if peak < best.predicted_peak_bytes:
+            best = TrajectoryStep(ctx.rg.act_ids[picked[0]], peak, node, g.extra_ms, peak)
+            steps.append(best)
+        else:
+            steps.append(TrajectoryStep(ctx.rg.act_ids[picked[0]], best.predicted_peak_bytes,
+                                        best.predicted_peak_node, g.extra_ms, peak))
+        if len(picks) % 16 == 0:
+            report(progress, len(picks), total, f"μ-TWO: {len(picks)}/{total} candidates recomputed")
+    report(progress, total, total, "μ-TWO: done")
+    return Trajectory(steps, stop_reason, ctx, picks, ratios, g.history, own_nodes)
+
+
+def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progress: ProgressFn | None = None,
+                     cancel: CancelToken | None = None) -> Trajectory:
+    """The complete μ-TWO greedy run for ``profile`` (the memory/time Pareto curve)."""
+    return _trajectory(PlanContext(profile, simulator), progress=progress, cancel=cancel)
+
+
+def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: Simulator | None = None,
+         cancel: CancelToken | None = None) -> Plan:
+    """Plan one budget from scratch with ``solver`` (one of :data:`SOLVERS`).
+
+    μ-TWO runs its greedy until the peak fits (the same plan :meth:`Trajectory.plan_for_budget` gives). The
+    fixed baselines are simulated as they are and marked infeasible if they do not fit; ``milp`` gives the
+    cheapest recompute set that fits (small graphs only).
+    """
+    from acstudio.plan import baselines
+    from acstudio.plan.milp import exact_recompute_set
+
+    if solver not in SOLVERS:
+        raise ACStudioError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    ctx = PlanContext(profile, simulator)
+    sim = ctx.sim
+    if solver == "mutwo":
+        if sim.baseline_peak <= budget_bytes:
+            return ctx.plan_for_set(solver, budget_bytes, [], BASELINE_FITS)
+        return _trajectory(ctx, until_bytes=budget_bytes, cancel=cancel).plan_for_budget(budget_bytes)
+    if solver == "milp":
+        chosen, status = exact_recompute_set(ctx, budget_bytes, cancel=cancel)
+        if chosen is None:
+            return ctx.plan_for_set(solver, budget_bytes, [], f"no recompute set fits: {status}")
+        return ctx.plan_for_set(solver, budget_bytes, chosen, BASELINE_FITS if not chosen else f"{BUDGET_MET} "
+                                "(optimal)")
+    p = ctx.plan_for_set(solver, budget_bytes, baselines.FIXED[solver](ctx))
+    if not p.feasible:
+        p.stop_reason = (EXHAUSTED if solver == "recompute-all" else
+                         f"budget not met: {solver} reaches {format_bytes(p.predicted_peak_bytes)}")
+    return p
+
+
+def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simulator | None = None,
+          milp_points: int = 6, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+          ) -> pd.DataFrame:
+    """Pareto table of every solver under the same simulator: one row per (solver, operating point).
+
+    μ-TWO contributes every trajectory step that lowers the peak, the fixed baselines one row each (their
+    budget is their own peak), and ``milp`` the exact optimum at up to ``milp_points`` budgets taken from the
+    μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` at that budget. Profiles too
+    large for the MILP get a row saying so.
+    """
+    from acstudio.plan import baselines
+    from acstudio.plan.milp import MAX_CANDIDATES
+
+    ctx = PlanContext(profile, simulator)
+    rows = []
+
+    def row(solver: str, budget: int, p: Plan | TrajectoryStep, n: int, **extra) -> None:
+        peak = p.predicted_peak_bytes
+        extra_ms = p.predicted_extra_ms if isinstance(p, Plan) else p.extra_ms
+        rows.append({"solver": solver, "budget_bytes": budget, "peak_bytes": peak, "extra_ms": extra_ms,
+                     "n_recomputed": n, **extra})
+
+    traj = None
+    if "mutwo" in solvers or "milp" in solvers:
+        traj = _trajectory(ctx, progress=progress, cancel=cancel)
+    if "mutwo" in solvers:
+        best = None
+        for j, step in enumerate(traj.steps):
+            if best is None or step.simulated_peak_bytes < best:
+                best = step.simulated_peak_bytes
+                row("mutwo", best, step, j)
+    for solver in (s for s in solvers if s in baselines.FIXED):
+        check(cancel)
+        p = ctx.plan_for_set(solver, 0, baselines.FIXED[solver](ctx))
+        row(solver, p.predicted_peak_bytes, p, len(p.recomputed))
+    if "milp" in solvers:
+        if len(ctx.rg.candidates) > MAX_CANDIDATES:
+            rows.append({"solver": "milp", "note": f"skipped: more than {MAX_CANDIDATES} candidates"})
+        else:
+            peaks = sorted({s.predicted_peak_bytes for s in traj.steps[1:]}, reverse=True)
+            picks = [peaks[round(i)] for i in np.linspace(0, len(peaks) - 1, min(milp_points, len(peaks)))]
+            for budget in dict.fromkeys(picks):
+                check(cancel)
+                p = plan(profile, budget, "milp", ctx.sim, cancel)
+                mu = traj.plan_for_budget(budget)
+                gap = mu.predicted_extra_ms / p.predicted_extra_ms - 1 if p.predicted_extra_ms > 0 else 0.0
+                row("milp", budget, p, len(p.recomputed), feasible=p.feasible, note=p.stop_reason,
+                    mutwo_extra_ms=mu.predicted_extra_ms, gap=gap)
+    return pd.DataFrame(rows)

@@ -1,0 +1,77 @@
+"""Turn a set of recomputed activations into a :class:`Plan`, the same way for every solver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cached_property
+
+import numpy as np
+
+from acstudio.plan.model import Plan, ScheduleEntry
+from acstudio.profile.model import Profile
+from acstudio.simulate.replay import Expansion
+from acstudio.simulate.simulator import Simulator
+
+
+class PlanContext:
+    """Per-profile facts every plan repeats (fingerprint, activation sizes, exclusions), computed once."""
+
+    def __init__(self, profile: Profile, simulator: Simulator | None = None) -> None:
+        self.profile = profile
+        self.sim = simulator or Simulator(profile)
+        self.rg = self.sim.replay
+        self.node_ids = np.array(self.sim.node_ids, dtype=object)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return self.profile.fingerprint
+
+    @cached_property
+    def activation_bytes(self) -> dict[str, int]:
+        return {a: int(b) for a, b in zip(self.rg.act_ids, self.rg.bytes)}
+
+    @cached_property
+    def excluded(self) -> dict[str, str]:
+        return {a: why for a, why in zip(self.rg.act_ids, self.rg.reason) if why}
+
+    def entry(self, k: int, sources: Iterable[int], params: Iterable[str], nodes: np.ndarray, time_ms: float,
+              ratio: float) -> ScheduleEntry:
+        rg, ids = self.rg, self.sim.node_ids
+        return ScheduleEntry(
+            activation=rg.act_ids[k], bytes=int(rg.bytes[k]), freed_after=ids[rg.last_fw[k]],
+            recompute_before=ids[rg.first_bw[k]], sources=[rg.act_ids[s] for s in sources] + list(params),
+            replay=self.node_ids[nodes].tolist(), recompute_ms=float(time_ms), ratio=float(ratio))
+
+    def execution_order(self, ks: Iterable[int]) -> list[int]:
+        rg = self.rg
+        return sorted(ks, key=lambda k: (rg.first_bw[k], rg.created[k], k))
+
+    def make_plan(self, solver: str, budget: int, recomputed: list[int], entries: list[ScheduleEntry],
+                  peak: int, peak_node: str, extra_ms: float, stop_reason: str | None = None) -> Plan:
+        feasible = peak <= budget
+        if stop_reason is None:
+            if not recomputed and feasible:
+                stop_reason = "nothing to do: baseline fits"
+            else:
+                stop_reason = "budget met" if feasible else "budget not met"
+        return Plan(
+            profile_fingerprint=self.fingerprint, solver=solver, budget_bytes=int(budget),
+            recomputed=[self.rg.act_ids[k] for k in recomputed], schedule=entries, predicted_peak_bytes=int(peak),
+            predicted_peak_node=peak_node, predicted_extra_ms=float(extra_ms), feasible=feasible,
+            stop_reason=stop_reason, floor_bytes=self.sim.floor_bytes, baseline_peak_bytes=self.sim.baseline_peak,
+            activation_bytes=self.activation_bytes, excluded=self.excluded)
+
+    def plan_for_set(self, solver: str, budget: int, recomputed: list[int], stop_reason: str | None = None,
+                     ratios: dict[int, float] | None = None) -> Plan:
+        """Simulate ``recomputed`` (activation indices, in choice order) and wrap it as a plan."""
+        exps, keep_until, transient = self.sim.schedule_facts(recomputed)
+        mask = np.zeros(len(self.rg.bytes), dtype=bool)
+        mask[recomputed] = True
+        peak, pos, _ = self.sim.evaluate(mask, keep_until, transient)
+        entries = [self._entry_of(k, exps[k], ratios) for k in self.execution_order(recomputed)]
+        extra = sum(e.time_ms for e in exps.values())
+        return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], extra, stop_reason)
+
+    def _entry_of(self, k: int, e: Expansion, ratios: dict[int, float] | None) -> ScheduleEntry:
+        ratio = ratios[k] if ratios else self.rg.bytes[k] / max(e.time_ms, 1e-9)
+        return self.entry(k, e.sources, e.params, e.nodes, e.time_ms, ratio)

@@ -1,0 +1,231 @@
+"""What recomputing an activation replays, and from which resident tensors (μ-TWO's ``recomp_srcs``).
+
+Built once per profile. For every activation ``a`` the *own chain* is found by walking back over node inputs
+from a's forward holders (the node that allocated its storage, its views and the in-place ops on it):
+
+* a placeholder, or a view of one, is a parameter source (always resident);
+* a node whose storage is another activation is a *stop* (an activation source), unless its content is stale
+  (an in-place op rewrites that storage later in forward, so the resident tensor no longer holds the value
+  this reader saw) or it is read through ``getitem`` (the reader takes one element of a multi-output node, so
+  the node itself must run again);
+* anything else (temporaries, views, the tuple-producing node) is replayed, and the walk continues.
+
+Stops make a small "stop graph" over activations. Under a set R of recomputed activations, the replay of
+``a`` expands every stop ``s`` that is recomputed and *not resident* when ``a`` is recomputed (before
+``a.first_bw_use``): its own chain joins a's replay and its stops are examined in turn. This is the fixed
+point of μ-TWO's Alg E/F source updates (``srcs -= {t}; srcs |= t.srcs``), computed with diamonds
+deduplicated and with residency checked for recomputed sources only: a *retained* stop is always a source,
+kept alive up to the recomputation if its last use comes earlier (the simulator charges that extension).
+
+An activation is a recompute candidate when it is ``recomputable``, its own chain replays only nodes whose
+``replay`` is ``"ok"``, and there is at least one node between its last forward and first backward use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+
+from acstudio.profile.model import Profile
+
+FORWARD_REGIONS = ("forward", "loss")
+
+
+def is_inplace(target: str) -> bool:
+    """``aten.relu_.default`` style names: by PyTorch convention a trailing ``_`` marks an in-place op."""
+    parts = target.split(".")
+    return len(parts) == 3 and parts[0] == "aten" and parts[1].endswith("_")
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The recomputation of one activation under a given recompute set."""
+
+    chain: tuple[int, ...]  # activations whose own chains are replayed (the target first)
+    sources: tuple[int, ...]  # activations read from memory, sorted
+    params: tuple[str, ...]  # parameter/buffer/input storages read, sorted
+    nodes: np.ndarray  # replayed node indices, topological order
+    time_ms: float
+
+
+class ReplayGraph:
+    """Static recompute structure of a profile; activations are addressed by index into ``profile.activations``."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        nodes = profile.nodes
+        index = profile.node_index
+        n = len(nodes)
+        self.n_nodes = n
+        self.run_ms = np.array([nd.run_time_ms for nd in nodes], dtype=np.float64)
+
+        acts = profile.activations
+        self.act_ids = [a.id for a in acts]
+        self.act_index = {a.id: k for k, a in enumerate(acts)}
+        self.bytes = np.array([a.bytes for a in acts], dtype=np.int64)
+        self.created = np.array([index[a.created_at] for a in acts], dtype=np.int64)
+        self.last_fw = np.array([index[a.last_fw_use] for a in acts], dtype=np.int64)
+        self.first_bw = np.array([index[a.first_bw_use] for a in acts], dtype=np.int64)
+        self.last_bw = np.array([index[a.last_bw_use] for a in acts], dtype=np.int64)
+
+        self._placeholder_storages = {t.id for t in profile.tensors if nodes[index[t.created_at]].op == "placeholder"}
+        holders: dict[str, list[int]] = {}
+        for i, nd in enumerate(nodes):
+            if nd.storage:
+                holders.setdefault(nd.storage, []).append(i)
+        self._inputs = [[index[u] for u in nd.inputs] for nd in nodes]
+        self._stale = self._stale_nodes(holders)
+        # CSR tables for the vectorised transient computation: inputs, storages held, storages allocated.
+        sidx = {t.id: j for j, t in enumerate(profile.tensors)}
+        self._storage_bytes = np.array([t.bytes for t in profile.tensors], dtype=np.int64)
+        self._act_storage = np.array([sidx[a.id] for a in profile.activations], dtype=np.int64)
+        fresh = [[] for _ in nodes]
+        for t in profile.tensors:
+            fresh[index[t.created_at]].append(sidx[t.id])
+        held = [sorted({*f, sidx[nd.storage]} if nd.storage else set(f)) for f, nd in zip(fresh, nodes)]
+        self._in_ptr, self._in_idx = _csr(self._inputs)
+        self._hold_ptr, self._hold_idx = _csr(held)
+        self._fresh_ptr, self._fresh_idx = _csr(fresh)
+
+        self.own: list[np.ndarray] = []
+        self.own_time = np.zeros(len(acts))
+        self.stops: list[tuple[int, ...]] = []
+        self.params: list[tuple[str, ...]] = []
+        self.reason: list[str] = []
+        for k, a in enumerate(acts):
+            start = [h for h in holders.get(a.id, []) if nodes[h].region in FORWARD_REGIONS]
+            own, stops, params, blocked = self._walk(a.id, start)
+            self.own.append(np.array(sorted(own), dtype=np.int64))
+            self.own_time[k] = self.run_ms[self.own[-1]].sum()
+            self.stops.append(tuple(sorted(stops)))
+            self.params.append(tuple(sorted(params)))
+            if not a.recomputable:
+                why = a.reason or "not recomputable"
+            elif blocked:
+                why = blocked
+            elif self.first_bw[k] <= self.last_fw[k] + 1:
+                why = "no node runs between its last forward and first backward use"
+            else:
+                why = ""
+            self.reason.append(why)
+        self.is_candidate = np.array([not r for r in self.reason], dtype=bool)
+        self.candidates = [k for k in range(len(acts)) if self.is_candidate[k]]
+
+    # -- static walk ----------------------------------------------------------------------------------
+    def _stale_nodes(self, holders: dict[str, list[int]]) -> np.ndarray:
+        """Forward nodes whose storage is rewritten in place later in forward (their value is not resident)."""
+        nodes = self.profile.nodes
+        stale = np.zeros(self.n_nodes, dtype=bool)
+        for hs in holders.values():
+            writers = [h for h in hs if nodes[h].region in FORWARD_REGIONS and is_inplace(nodes[h].target)]
+            if writers:
+                stale[[h for h in hs if h < writers[-1]]] = True
+        return stale
+
+    def _walk(self, target: str, start: list[int]) -> tuple[set[int], set[int], set[str], str]:
+        nodes = self.profile.nodes
+        own = set(start)
+        stops: set[int] = set()
+        params: set[str] = set()
+        stack = list(start)
+        while stack:
+            r = stack.pop()
+            via_getitem = nodes[r].target == "operator.getitem"
+            for u in self._inputs[r]:
+                if u in own:
+                    continue
+                nd = nodes[u]
+                s = nd.storage
+                if nd.op == "placeholder" or (s in self._placeholder_storages and not via_getitem):
+                    params.add(s or nd.id)
+                    continue
+                if not via_getitem and s != target and s in self.act_index and not self._stale[u]:
+                    stops.add(self.act_index[s])
+                    continue
+                if nd.replay != "ok":
+                    return own, stops, params, f"recomputing it would replay {nd.id} ({nd.target}): {nd.replay}"
+                own.add(u)
+                stack.append(u)
+        return own, stops, params, ""
+
+    # -- dynamic expansion ----------------------------------------------------------------------------
+    def resident(self, s: int, at: int) -> bool:
+        """Whether recomputed activation ``s`` is in memory when a recomputation runs before node ``at``."""
+        return bool(self.first_bw[s] <= at <= self.last_bw[s])
+
+    def expand_chain(self, a: int, recomputed: Collection[int] | np.ndarray) -> tuple[list[int], list[int]]:
+        """Activations replayed to recompute ``a`` (``a`` first) and the activations it reads, for a recompute set.
+
+        ``recomputed`` is a boolean mask over activations or a collection of indices.
+        """
+        is_rc = recomputed.__getitem__ if isinstance(recomputed, np.ndarray) else recomputed.__contains__
+        at = self.first_bw[a]
+        chain, sources = [a], set()
+        seen = {a}
+        stack = [a]
+        while stack:
+            for s in self.stops[stack.pop()]:
+                if s in seen:
+                    continue
+                seen.add(s)
+                if is_rc(s) and not (self.first_bw[s] <= at <= self.last_bw[s]):
+                    chain.append(s)
+                    stack.append(s)
+                else:
+                    sources.add(s)
+        return chain, sorted(sources)
+
+    def chain_nodes(self, chain: list[int]) -> np.ndarray:
+        if len(chain) == 1:
+            return self.own[chain[0]]
+        return np.unique(np.concatenate([self.own[c] for c in chain]))
+
+    def expand(self, a: int, recomputed: Collection[int] | np.ndarray) -> Expansion:
+        chain, sources = self.expand_chain(a, recomputed)
+        nodes = self.chain_nodes(chain)
+        params = sorted({p for c in chain for p in self.params[c]})
+        return Expansion(tuple(chain), tuple(sources), tuple(params), nodes, float(self.run_ms[nodes].sum()))
+
+    def transient_bytes(self, a: int, replay: np.ndarray) -> int:
+        """High-water mark of the storages a replay allocates, ``a``'s own included.
+
+        Values are freed after their last use inside the replay (FX codegen semantics), except ``a``, which
+        stays; a multi-output node keeps all its outputs until its last ``getitem``. Vectorised over the
+        replay (it can span hundreds of nodes once chains merge).
+        """
+        m = len(replay)
+        pos = np.full(self.n_nodes, -1, dtype=np.int64)
+        pos[replay] = np.arange(m)
+        # Last reader (inside the replay) of every replayed node.
+        readers, inputs = _gather(self._in_ptr, self._in_idx, replay)
+        inputs = pos[inputs]
+        inside = inputs >= 0
+        last_read = np.arange(m)
+        np.maximum.at(last_read, inputs[inside], readers[inside])
+        # A storage lives until the last read of any replayed node holding it.
+        holders, held = _gather(self._hold_ptr, self._hold_idx, replay)
+        storage_end = np.full(len(self._storage_bytes), -1, dtype=np.int64)
+        np.maximum.at(storage_end, held, last_read[holders])
+        storage_end[self._act_storage[a]] = m
+        makers, made = _gather(self._fresh_ptr, self._fresh_idx, replay)
+        nbytes = self._storage_bytes[made]
+        delta = np.bincount(makers, weights=nbytes, minlength=m + 1)
+        delta -= np.bincount(storage_end[made] + 1, weights=nbytes, minlength=m + 2)[:m + 1]
+        return round(float(np.cumsum(delta[:m]).max())) if m else 0
+
+
+def _csr(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(r) for r in rows])
+    return ptr, np.array([x for r in rows for x in r], dtype=np.int64)
+
+
+def _gather(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For CSR rows ``rows``: (position in ``rows`` of each entry, the entries), vectorised."""
+    counts = ptr[rows + 1] - ptr[rows]
+    owner = np.repeat(np.arange(len(rows)), counts)
+    first = np.cumsum(counts) - counts
+    flat = np.arange(counts.sum()) - np.repeat(first, counts) + np.repeat(ptr[rows], counts)
+    return owner, idx[flat]
