@@ -74,7 +74,7 @@ def articulation_points(ctx: PlanContext) -> list[int]:
     jump = np.maximum.accumulate(reach)  # farthest target of any edge leaving node <= i
     points = []
     seen = set()
-    for i in fw[1:]:
+    for i in fw:
         k = rg.act_index.get(nodes[i].storage)
         if k is not None and k not in seen and rg.is_candidate[k] and jump[i - 1] <= i:
             seen.add(k)

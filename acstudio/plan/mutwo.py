@@ -27,6 +27,7 @@ import pandas as pd
 
 from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
+from acstudio.plan import baselines
 from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
@@ -170,12 +171,12 @@ class _Greedy:
         return t, ratio
 
     def out_of_reach(self, pos: int) -> bool:
-        """True when no remaining candidate is in memory at node ``pos`` (so none can lower its memory)."""
+        """True when candidates remain but none is in memory at node ``pos`` (so none can lower its memory)."""
         rg, c = self.rg, self._cand
         left = ~self.mask[c]
         in_gap = (rg.last_fw[c] < pos) & (pos < rg.first_bw[c])
         kept_for_reader = (rg.last_bw[c] < pos) & (pos < self.keep_until[c])
-        return not np.any(left & (in_gap | kept_for_reader))
+        return bool(left.any()) and not np.any(left & (in_gap | kept_for_reader))
 
 
 @dataclass
@@ -280,9 +281,6 @@ def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: 
     fixed baselines are simulated as they are and marked infeasible if they do not fit; ``milp`` gives the
     cheapest recompute set that fits (small graphs only).
     """
-    from acstudio.plan import baselines
-    from acstudio.plan.milp import exact_recompute_set
-
     if solver not in SOLVERS:
         raise ACStudioError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     ctx = PlanContext(profile, simulator)
@@ -292,6 +290,8 @@ def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: 
             return ctx.plan_for_set(solver, budget_bytes, [], BASELINE_FITS)
         return _trajectory(ctx, until_bytes=budget_bytes, cancel=cancel).plan_for_budget(budget_bytes)
     if solver == "milp":
+        from acstudio.plan.milp import exact_recompute_set  # scipy.optimize: imported only when used
+
         chosen, status = exact_recompute_set(ctx, budget_bytes, cancel=cancel)
         if chosen is None:
             return ctx.plan_for_set(solver, budget_bytes, [], f"no recompute set fits: {status}")
@@ -314,9 +314,6 @@ def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simul
     μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` at that budget. Profiles too
     large for the MILP get a row saying so.
     """
-    from acstudio.plan import baselines
-    from acstudio.plan.milp import MAX_CANDIDATES
-
     ctx = PlanContext(profile, simulator)
     rows = []
 
@@ -326,9 +323,7 @@ def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simul
         rows.append({"solver": solver, "budget_bytes": budget, "peak_bytes": peak, "extra_ms": extra_ms,
                      "n_recomputed": n, **extra})
 
-    traj = None
-    if "mutwo" in solvers or "milp" in solvers:
-        traj = _trajectory(ctx, progress=progress, cancel=cancel)
+    traj = _trajectory(ctx, progress=progress, cancel=cancel) if {"mutwo", "milp"} & set(solvers) else None
     if "mutwo" in solvers:
         best = None
         for j, step in enumerate(traj.steps):
@@ -340,6 +335,8 @@ def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simul
         p = ctx.plan_for_set(solver, 0, baselines.FIXED[solver](ctx))
         row(solver, p.predicted_peak_bytes, p, len(p.recomputed))
     if "milp" in solvers:
+        from acstudio.plan.milp import MAX_CANDIDATES
+
         if len(ctx.rg.candidates) > MAX_CANDIDATES:
             rows.append({"solver": "milp", "note": f"skipped: more than {MAX_CANDIDATES} candidates"})
         else:
