@@ -54,10 +54,8 @@ def cmd_models(args) -> int:
 
 
 def cmd_profile(args) -> int:
+    from acstudio.plan.budget import format_bytes
     from acstudio.profile.profiler import profile_workload
-
-    def format_bytes(n: int) -> str:
-        return f"{n / 2**20:.0f} MiB"
 
     spec = _spec(args)
     command = "acstudio " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else None
@@ -74,6 +72,67 @@ def cmd_profile(args) -> int:
     print("at the peak: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in profile.peak_breakdown.items() if v))
     print(f"saved {args.out}")
     return 0
+
+
+def thin_curve(table, solver: str, points: int):
+    """Keep ``points`` rows of ``solver``'s curve, evenly spaced in peak memory (for printing)."""
+    import numpy as np
+
+    rows = table[table["solver"] == solver]
+    if len(rows) <= points:
+        return table
+    peaks = rows["peak_bytes"].to_numpy()
+    targets = np.linspace(peaks.max(), peaks.min(), points)
+    keep = sorted({int(np.argmax(peaks <= t)) for t in targets})
+    return table.drop(rows.index.difference(rows.index[keep]))
+
+
+def cmd_plan(args) -> int:
+    import pandas as pd
+
+    from acstudio.plan.budget import format_bytes, parse_budget
+    from acstudio.plan.mutwo import plan, sweep
+    from acstudio.profile.model import Profile
+    from acstudio.simulate.simulator import Simulator
+
+    profile = Profile.load(args.profile)
+    sim = Simulator(profile)
+    print(f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
+          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(sim.floor_bytes)}")
+    if args.sweep:
+        table = sweep(profile, simulator=sim, progress=TerminalProgress(), cancel=args.cancel)
+        if args.out:
+            from acstudio.fileio import write_text
+
+            write_text(args.out, table.to_csv(index=False))
+        if not args.all_rows:
+            table = thin_curve(table, "mutwo", points=12)
+        table = table.copy()
+        for col in ("budget_bytes", "peak_bytes"):
+            if col in table:
+                table[col] = table[col].map(lambda v: "" if pd.isna(v) else format_bytes(int(v)))
+        with pd.option_context("display.max_rows", None, "display.width", 160):
+            print(table.to_string(index=False))
+        if not args.all_rows:
+            print("(μ-TWO curve thinned to 12 evenly spaced peaks; --all-rows prints every step"
+                  + (f"; all rows in {args.out})" if args.out else ")"))
+        return 0
+    if not args.budget:
+        raise ACStudioError("give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
+    budget = parse_budget(args.budget, sim.baseline_peak)
+    result = plan(profile, budget, args.solver, simulator=sim, cancel=args.cancel)
+    state = "fits" if result.feasible else "INFEASIBLE"
+    print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
+          f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
+          f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed)")
+    print(f"stopped: {result.stop_reason}")
+    if args.out:
+        result.save(args.out)
+        print(f"saved {args.out}")
+    if args.schedule:
+        for path in result.export_schedule(args.schedule):
+            print(f"wrote {path}")
+    return 0 if result.feasible else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", required=True, help="profile file (.json or .json.gz)")
     p.add_argument("--csv", metavar="DIR", help="also write nodes.csv and activations.csv into DIR")
     p.set_defaults(func=cmd_profile)
+
+    from acstudio.plan.mutwo import SOLVERS
+
+    p = sub.add_parser("plan", help="choose activations to recompute under a memory budget")
+    p.add_argument("profile", help="profile file from `acstudio profile`")
+    p.add_argument("--budget", help="bytes with a unit (6GiB, 5000MiB) or a percentage of the baseline peak (60%%)")
+    p.add_argument("--solver", default="mutwo", choices=SOLVERS)
+    p.add_argument("--sweep", action="store_true", help="print the memory/time Pareto table of every solver")
+    p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
+    p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")
+    p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
+    p.set_defaults(func=cmd_plan)
     return parser
 
 
@@ -122,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"acstudio: {exc}", file=sys.stderr)
         return 130
     except ACStudioError as exc:
-        print(f"acstudio: error: {exc}", file=sys.stderr)
+        print(f"\nacstudio: error: {exc}", file=sys.stderr)
         return 2
 
 
