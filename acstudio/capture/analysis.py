@@ -23,6 +23,11 @@ BATCH_NORM_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.defau
                   "aten._native_batch_norm_legit.default", "aten.miopen_batch_norm.default",
                   "aten._batch_norm_with_update.default"}
 HOST_SYNC_OPS = {"aten._local_scalar_dense.default", "aten.item.default"}
+# native_dropout draws a mask and scales its input with it. The draw cannot be repeated, but the output can be
+# recomputed from the kept mask (``native_dropout_backward(input, mask, scale)`` is the same masked scale), so
+# the node is replayable while its mask output never is.
+DROPOUT_OPS = {"aten.native_dropout.default"}
+DROPOUT_MASK_REASON = "dropout mask (a random draw: kept; the dropout output is recomputed from it)"
 
 
 def allocation_bytes(nbytes: int, device_type: str) -> int:
@@ -176,6 +181,13 @@ def analyze(step: CapturedStep, device_type: str) -> GraphAnalysis:
         fw = [j for j in u if regions[j] in ("forward", "loss")]
         bw = [j for j in u if regions[j] == "backward"]
         holders = alias_nodes[t.id]
+        creator = graph_nodes[holders[0]]
+        if target_name(creator.target) in DROPOUT_OPS and t.id != ids[holders[0]]:
+            activations.append(ActivationRecord(
+                id=t.id, bytes=t.bytes, created_at=t.created_at, last_fw_use=ids[fw[-1]],
+                first_bw_use=ids[bw[0]], last_bw_use=ids[bw[-1]], inactive_time_ms=0.0,
+                recomputable=False, reason=f"{ids[holders[0]]}: {DROPOUT_MASK_REASON}"))
+            continue
         blocked = [(ids[h], replay[h]) for h in holders if replay[h] != "ok" and regions[h] in ("forward", "loss")]
         reason = f"{blocked[0][0]}: {blocked[0][1]}" if blocked else ""
         activations.append(ActivationRecord(
@@ -191,12 +203,15 @@ def replay_reason(node: fx.Node, region: str, state_storages: set[str], node_sto
     if node.op == "placeholder":
         return "placeholder (always resident)"
     if node.op == "get_attr":
-        return "constant (always resident)"
+        return "ok"  # a constant held by the graph module: re-reading it is free
+
     if node.op != "call_function":
         return node.op
     if region not in ("forward", "loss"):
         return f"{region} op"
     name = target_name(node.target)
+    if name in DROPOUT_OPS:
+        return "ok"
     if is_random(node):
         return "random op (recomputing would draw new random numbers)"
     if name in HOST_SYNC_OPS:
