@@ -1,0 +1,383 @@
+"""Turn a recompute plan into a rewritten training step: free activations after forward, replay them in backward.
+
+The rewriter works on the captured graph itself (a copy of the same nodes, found by ``meta["ac_id"]``), never on a
+re-trace, and takes storages, aliases and replay safety from the profile (design brief E.1 and E.5). For every
+recomputed activation, in order of first backward use:
+
+1. its *replay* is the backward slice from the activation's alias nodes down to resident sources: graph inputs,
+   retained activations, and recomputed activations whose replayed copy is still alive at that point;
+2. a storage on the way that is not resident is *rematerialised*: its creator and every in-place writer are
+   replayed in their original order, so each copied node reads exactly the tensor version the original read (a
+   resident storage updated in place after the original read is rematerialised too);
+3. the copies go right before the first backward user, and only users at or after that point are rewired, so
+   the original storage's last use moves into forward and FX's generated code frees it there.
+
+A recomputed activation met on another's replay while it is not resident is, by default, replayed there as a
+transient and recomputed again before its own first use: μ-TWO's Alg E/F model, which the planner's simulator
+predicts exactly. ``share_chains=True`` instead makes that one replay also produce it (dodrio's ``rcomp_outs``):
+fewer replayed ops, but it is then held from the earlier insertion point, which the planner does not model.
+Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from acstudio.capture.analysis import BATCH_NORM_OPS, written_args
+from acstudio.capture.serialize import target_name
+from acstudio.capture.step import CapturedStep
+from acstudio.errors import ACStudioError, PlanMismatchError
+from acstudio.profile.model import Profile
+
+RESIDENT_CATEGORIES = {"parameter", "buffer", "optimizer_state", "input"}
+FORWARD_REGIONS = ("forward", "loss")
+
+
+class RewriteError(ACStudioError):
+    """The plan cannot be applied: it would replay a node that must not run twice, or names no activation."""
+
+
+@dataclass
+class Recomputation:
+    """Where one recomputed activation is freed and rematerialised in the rewritten step (ids of original nodes)."""
+
+    activation: str
+    bytes: int
+    module: str
+    freed_after: str  # its last forward use: the storage is released right after this node
+    recompute_before: str  # the node its replay is inserted before
+    replayed_by: str  # the activation whose replay produces it (itself, unless ``share_chains`` merged it)
+    replay_nodes: list[str] = field(default_factory=list)  # original ids re-executed (empty if merged)
+    replay_ms: float = 0.0  # measured run time of those nodes
+
+
+@dataclass
+class RewrittenStep(CapturedStep):
+    """A captured step whose graph frees and recomputes the planned activations."""
+
+    recomputations: list[Recomputation] = field(default_factory=list)
+
+    @property
+    def replay_ms(self) -> float:
+        return sum(r.replay_ms for r in self.recomputations)
+
+
+def plan_activations(plan, profile: Profile) -> list[str]:
+    """The recomputed activation ids of ``plan`` (a Plan, or a plain collection of ids) after checking its profile."""
+    if isinstance(plan, (list, tuple, set, frozenset)):
+        return list(plan)
+    plan.check_profile(profile)
+    return list(plan.recomputed)
+
+
+def rewrite(step: CapturedStep, profile: Profile, plan, *, share_chains: bool = False) -> RewrittenStep:
+    """Apply ``plan`` (refused if made for another profile) to ``step``; see :func:`rewrite_step`."""
+    return rewrite_step(step, profile, plan_activations(plan, profile), share_chains=share_chains)
+
+
+def rewrite_step(step: CapturedStep, profile: Profile, recomputed: Collection[str], *,
+                 share_chains: bool = False) -> RewrittenStep:
+    """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward.
+
+    ``step`` must be the graph ``profile`` was measured on (same nodes in the same order, e.g. from
+    ``deserialize_step(profile.graph)``); it is not modified.
+    """
+    gm = fx.GraphModule(step.gm, copy.deepcopy(step.gm.graph))
+    ids = [n.meta.get("ac_id") for n in gm.graph.nodes]
+    if ids != [r.id for r in profile.nodes]:
+        raise PlanMismatchError("this graph is not the one the profile was measured on (node ids differ)")
+    recs = _Rewriter(gm, profile, share_chains).apply(recomputed)
+    gm.graph.lint()
+    gm.recompile()
+    return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), recomputations=recs)
+
+
+@dataclass
+class _Replayed:
+    """A storage whose replayed copy exists: its copied alias nodes and the interval it is alive in."""
+
+    copies: dict[fx.Node, fx.Node]
+    start: int  # position of the node the replay was inserted before
+    end: int  # position of its last backward reader
+
+
+class _Rewriter:
+    def __init__(self, gm: fx.GraphModule, profile: Profile, share_chains: bool) -> None:
+        self.gm = gm
+        self.profile = profile
+        self.share_chains = share_chains
+        self.nodes = list(gm.graph.nodes)
+        self.pos = {n: i for i, n in enumerate(self.nodes)}
+        self.rec = dict(zip(self.nodes, profile.nodes))
+        by_id = {n.meta["ac_id"]: n for n in self.nodes}
+        self.storages: dict[fx.Node, list[str]] = {n: [] for n in self.nodes}
+        self.holders: dict[str, list[fx.Node]] = {}
+        self.category: dict[str, str] = {}
+        for t in profile.tensors:
+            self.category[t.id] = t.category
+            self.holders[t.id] = [by_id[h] for h in (t.created_at, *t.aliases)]
+            for h in self.holders[t.id]:
+                self.storages[h].append(t.id)
+        self.writers: dict[str, list[int]] = {}
+        for n in self.nodes:
+            for s in self.written_storages(n):
+                self.writers.setdefault(s, []).append(self.pos[n])
+        self.wanted: set[str] = set()
+        self.replayed: dict[str, _Replayed] = {}
+        self.copy_count: dict[str, int] = {}
+
+    # -- facts about the original graph -------------------------------------------------------------------
+    def region(self, n: fx.Node) -> str:
+        return n.meta["ac_region"]
+
+    def written_storages(self, n: fx.Node) -> list[str]:
+        """Storages ``n`` mutates, leaving out BatchNorm running statistics (a replay does not update them)."""
+        args = written_args(n)
+        if is_batch_norm(n):
+            stats = {_arg(n, "running_mean"), _arg(n, "running_var")}
+            args = [a for a in args if a not in stats]
+        return [s for a in args for s in self.storages[a]]
+
+    def forward_holders(self, sid: str) -> list[fx.Node]:
+        return [h for h in self.holders[sid] if self.region(h) in FORWARD_REGIONS]
+
+    def backward_readers(self, sid: str) -> list[fx.Node]:
+        """Original nodes outside forward that read one of the storage's forward alias nodes."""
+        return sorted({u for h in self.forward_holders(sid) for u in h.users
+                       if u in self.pos and self.region(u) not in FORWARD_REGIONS}, key=self.pos.__getitem__)
+
+    def resident(self, sid: str, at: int) -> bool:
+        """Whether storage ``sid`` holds its final forward value at position ``at`` without being replayed."""
+        if sid in self.replayed:
+            r = self.replayed[sid]
+            return r.start <= at <= r.end
+        if sid in self.profile.activation_by_id:
+            return sid not in self.wanted
+        return self.category[sid] in RESIDENT_CATEGORIES
+
+    def describe(self, n: fx.Node) -> str:
+        rec = self.rec[n]
+        where = f" in {rec.module}" if rec.module else ""
+        return f"{rec.id} ({rec.target}{where})"
+
+    # -- the rewrite --------------------------------------------------------------------------------------
+    def apply(self, recomputed: Collection[str]) -> list[Recomputation]:
+        todo = list(dict.fromkeys(recomputed))
+        for sid in todo:
+            act = self.profile.activation_by_id.get(sid)
+            if act is None:
+                raise RewriteError(f"{sid} is not an activation of this profile (nothing to recompute)")
+            if not act.recomputable:
+                raise RewriteError(f"activation {sid} cannot be recomputed: {act.reason}")
+        first_use = {sid: self.pos[self.backward_readers(sid)[0]] for sid in todo}
+        todo.sort(key=lambda s: (first_use[s], self.pos[self.holders[s][0]]))
+        self.wanted = set(todo)
+        out: dict[str, Recomputation] = {}
+        for sid in todo:
+            if sid not in self.replayed:
+                for r in self.replay_group(sid, first_use[sid]):
+                    out[r.activation] = r
+        self.check_freed(todo)
+        return [out[s] for s in todo]
+
+    def replay_group(self, owner: str, at: int) -> list[Recomputation]:
+        """Insert one replay producing ``owner`` (and the recomputed activations it passes through) before ``at``."""
+        forced: set[str] = set()
+        while True:
+            plan = self.slice(owner, at, forced)
+            stale = self.stale_sources(plan, at)
+            if not stale:
+                break
+            forced |= stale
+        order = sorted(plan.replay, key=self.pos.__getitem__)
+        anchor = self.nodes[at]
+        env: dict[fx.Node, fx.Node] = {}
+        with self.gm.graph.inserting_before(anchor):
+            for n in order:
+                env[n] = self.copy_node(n, lambda x: env[x] if x in env else plan.sources[x], owner)
+                env[n].meta["ac_storages"] = [f"{s}@{owner}" if s in plan.remat else s for s in self.storages[n]]
+        for sid in plan.group:
+            readers = self.backward_readers(sid)
+            for h in self.forward_holders(sid):
+                for u in list(h.users):
+                    if self.pos.get(u, -1) >= at:
+                        u.replace_input_with(h, env[h])
+            for h in self.holders[sid]:  # backward views of the activation now alias its replayed copy
+                if self.region(h) not in FORWARD_REGIONS:
+                    h.meta["ac_storages"] = [f"{s}@{owner}" if s == sid else s for s in self.storages[h]]
+            self.replayed[sid] = _Replayed(copies={h: env[h] for h in self.holders[sid] if h in env},
+                                           start=at, end=self.pos[readers[-1]])
+        out = []
+        for sid in plan.group:
+            act = self.profile.activation_by_id[sid]
+            own = sid == owner
+            out.append(Recomputation(
+                activation=sid, bytes=act.bytes, module=self.rec[self.holders[sid][0]].module,
+                freed_after=act.last_fw_use, recompute_before=anchor.meta["ac_id"], replayed_by=owner,
+                replay_nodes=[n.meta["ac_id"] for n in order] if own else [],
+                replay_ms=sum(self.rec[n].run_time_ms for n in order) if own else 0.0))
+        return out
+
+    def slice(self, owner: str, at: int, forced: set[str]) -> _Slice:
+        """The original nodes to replay for ``owner`` before position ``at``, and what they read instead of the rest.
+
+        ``forced`` storages are treated as not resident (an earlier pass found them updated after being read).
+        """
+        plan = _Slice()
+        stack: list[fx.Node] = []
+
+        def push(nodes: Iterable[fx.Node]) -> None:
+            for n in nodes:
+                if n not in plan.replay:
+                    plan.replay.add(n)
+                    stack.append(n)
+
+        def rematerialise(sid: str, node: fx.Node) -> None:
+            """Replay storage ``sid`` into a fresh tensor: its creator (reached by the walk) and all its writers."""
+            if sid in plan.remat:
+                return
+            if self.category[sid] in RESIDENT_CATEGORIES:
+                raise RewriteError(
+                    f"recomputing {owner} needs {self.describe(node)} as it was before a later in-place update of "
+                    f"graph input {sid}; that version no longer exists in backward")
+            plan.remat.add(sid)
+            push(self.nodes[i] for i in self.writers.get(sid, []) if i < at)
+            if sid in self.wanted and sid not in self.replayed and (sid == owner or self.share_chains):
+                plan.group.append(sid)
+                push(h for h in self.forward_holders(sid) if any(self.pos.get(u, -1) >= at for u in h.users))
+
+        rematerialise(owner, self.holders[owner][0])
+        while stack:
+            n = stack.pop()
+            reason = self.rec[n].replay
+            if reason != "ok" or self.region(n) not in FORWARD_REGIONS:
+                raise RewriteError(f"recomputing {owner} would replay {self.describe(n)}, which must not run twice "
+                                   f"({reason})")
+            for s in self.storages[n]:
+                if n is self.holders[s][0] or s in self.written_storages(n):
+                    rematerialise(s, n)
+            for x in n.all_input_nodes:
+                if x in plan.replay:
+                    continue
+                src = self.source(x, at, forced)
+                if src is None:
+                    push([x])
+                else:
+                    plan.sources[x] = src
+                    plan.readers.setdefault(x, []).append(n)
+        return plan
+
+    def source(self, x: fx.Node, at: int, forced: set[str]) -> fx.Node | None:
+        """What a replayed node reads in place of original input ``x``, or None if ``x`` must be replayed too."""
+        if x.op in ("placeholder", "get_attr"):
+            return x
+        if len(self.storages[x]) != 1:  # a multi-output (or tensor-less) node is replayed, never held
+            return None
+        (sid,) = self.storages[x]
+        if sid in forced or not self.resident(sid, at):
+            return None
+        if sid in self.replayed:
+            return self.replayed[sid].copies.get(x)  # a view not copied then is re-derived from the copies
+        return x
+
+    def stale_sources(self, plan: _Slice, at: int) -> set[str]:
+        """Storages the replay reads as resident although they are replayed too, or were updated after the read."""
+        stale = set()
+        for x, readers in plan.readers.items():
+            first_read = min(self.pos[r] for r in readers)
+            for sid in self.storages[x]:
+                if sid in plan.remat:
+                    stale.add(sid)
+                elif any(first_read < w < at for w in self.writers.get(sid, [])):
+                    if x.op == "placeholder" or self.category[sid] in RESIDENT_CATEGORIES:
+                        raise RewriteError(f"recomputing would read graph input {sid} after it was updated in place; "
+                                           "the value it had in forward no longer exists")
+                    stale.add(sid)
+        return stale
+
+    def copy_node(self, n: fx.Node, arg_map, owner: str) -> fx.Node:
+        new = self.gm.graph.node_copy(n, arg_map)
+        orig = n.meta["ac_id"]
+        k = self.copy_count.get(orig, 0)
+        self.copy_count[orig] = k + 1
+        new.meta.update(ac_id=f"{orig}@rc{k}", ac_role="recompute", ac_of=owner, ac_region="backward")
+        if is_batch_norm(n) and _training(n):
+            drop_running_stats(new)
+        for w in written_args(new):
+            if w.meta.get("ac_role") != "recompute" or w.meta.get("ac_of") != owner:
+                raise RewriteError(f"replaying {self.describe(n)} would update {w.meta['ac_id']} in place, a tensor "
+                                   "this replay did not create")
+        return new
+
+    def check_freed(self, recomputed: Iterable[str]) -> None:
+        """After rewiring, the original alias nodes of a recomputed storage may only be read in forward."""
+        for sid in recomputed:
+            for h in self.forward_holders(sid):
+                late = [u for u in h.users if u not in self.pos or self.region(u) not in FORWARD_REGIONS]
+                if late:
+                    raise AssertionError(f"{sid}: {h.meta['ac_id']} is still read by {late[0].meta['ac_id']}")
+
+
+@dataclass
+class _Slice:
+    replay: set[fx.Node] = field(default_factory=set)
+    sources: dict[fx.Node, fx.Node] = field(default_factory=dict)  # original input -> what the replay reads
+    readers: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # source -> replayed nodes reading it
+    remat: set[str] = field(default_factory=set)  # storages replayed into fresh tensors
+    group: list[str] = field(default_factory=list)  # recomputed activations this replay produces
+
+
+# -- BatchNorm -------------------------------------------------------------------------------------------
+def is_batch_norm(n: fx.Node) -> bool:
+    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
+        and target_name(n.target) in BATCH_NORM_OPS
+
+
+def _arg_index(target: torch._ops.OpOverload, name: str) -> int | None:
+    for i, a in enumerate(target._schema.arguments):
+        if a.name == name:
+            return i
+    return None
+
+
+def _arg(n: fx.Node, name: str):
+    i = _arg_index(n.target, name)
+    if i is None:
+        return None
+    return n.args[i] if i < len(n.args) else n.kwargs.get(name)
+
+
+def _training(n: fx.Node) -> bool:
+    """``_batch_norm_with_update`` has no flag: it always trains."""
+    return _arg_index(n.target, "training") is None or bool(_arg(n, "training"))
+
+
+def drop_running_stats(n: fx.Node) -> None:
+    """Make a replayed training-mode BatchNorm leave running statistics alone (same output, no second update).
+
+    Ops whose schema allows it get ``None``; ``_native_batch_norm_legit`` switches to its ``no_stats`` overload;
+    ``_batch_norm_with_update`` (no optional form) updates throw-away clones.
+    """
+    schema = n.target._schema.arguments
+    args = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value) for i, a in enumerate(schema)]
+    stats = [_arg_index(n.target, "running_mean"), _arg_index(n.target, "running_var")]
+    if n.target is torch.ops.aten._native_batch_norm_legit.default:
+        n.target = torch.ops.aten._native_batch_norm_legit.no_stats
+        n.args, n.kwargs = tuple(a for i, a in enumerate(args) if i not in stats), {}
+        return
+    for j, i in enumerate(stats):
+        if schema[i].type.kind() == "OptionalType":
+            args[i] = None
+            continue
+        with n.graph.inserting_before(n):
+            clone = n.graph.call_function(torch.ops.aten.clone.default, (args[i],))
+        clone.meta.update({k: v for k, v in args[i].meta.items() if k in ("ac_shape", "ac_dtype", "val")})
+        clone.meta.update(ac_id=f"{n.meta['ac_id']}.stats{j}", ac_role="recompute", ac_of=n.meta["ac_of"],
+                          ac_region="backward", ac_module=n.meta.get("ac_module", ""))
+        args[i] = clone
+    n.args, n.kwargs = tuple(args), {}
