@@ -25,8 +25,6 @@ JSON_NAME = "bench.json"
 CSV_NAME = "bench.csv"
 MiB = 2**20
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
-          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 # Columns of the CSV, in this order; ``details.*`` columns (configuration-specific) follow.
 CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "phase", "device", "status", "message",
                "peak_bytes", "peak_mib", "resident_bytes", "time_ms_median", "time_ms_q1", "time_ms_q3",
@@ -35,19 +33,12 @@ CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "phas
 
 
 def parse_size(text: str) -> int:
-    """An absolute memory size such as ``16GiB``, ``8000MiB``, ``12GB`` or ``1.5e10`` (bytes)."""
-    s = text.strip().lower().replace(" ", "")
-    if s.endswith("%"):
+    """An absolute memory size such as ``16GiB``, ``8000MiB`` or ``12GB`` (the planner's budget syntax)."""
+    from acstudio.plan.budget import parse_budget
+
+    if str(text).strip().endswith("%"):
         raise ACStudioError(f"{text!r}: a memory budget for the batch-size search must be absolute, e.g. 16GiB")
-    number = s.rstrip("kmgtib")
-    unit = s[len(number):]
-    try:
-        value = float(number) * _UNITS[unit]
-    except (KeyError, ValueError):
-        raise ACStudioError(f"{text!r}: not a memory size; write e.g. 16GiB, 8000MiB or 12GB") from None
-    if value <= 0:
-        raise ACStudioError(f"{text!r}: the memory size must be positive")
-    return int(value)
+    return parse_budget(text, 0)
 
 
 def _pct(value: float | None, base: float | None) -> float | None:

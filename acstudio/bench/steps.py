@@ -106,7 +106,7 @@ def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profil
     its node ids are the ones the plan refers to.
     """
     from acstudio.capture.serialize import deserialize_step
-    from acstudio.capture.tracer import materialize_optimizer_state
+    from acstudio.capture.tracer import make_capturable, materialize_optimizer_state
     from acstudio.plan.budget import parse_budget
     from acstudio.plan.mutwo import mutwo_trajectory
     from acstudio.rewrite.rewriter import rewrite
@@ -116,10 +116,12 @@ def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profil
     plan = mutwo_trajectory(profile).plan_for_budget(budget_bytes)
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
+    # The optimizer as capture_step left it when the graph was traced: state created, CUDA Adam capturable.
     materialize_optimizer_state(w.model, opt)
+    make_capturable(opt)
     info = {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
             "profile_iteration_ms": profile.iteration_ms, "graph_nodes": len(step.gm.graph.nodes),
-            "plan": scalar_fields(plan)}
+            "plan": scalar_fields(plan), "recomputed_activations": len(getattr(plan, "recomputed", ()))}
     return Prepared(lambda: step.run(w.model, opt, w.batch), w.model, opt, w.batch, info)
 
 
@@ -158,8 +160,8 @@ def checkpoint_forward(module: torch.nn.Module) -> None:
     module.forward = checkpointed
 
 
-def enable_per_block(workload: Workload) -> int:
-    """Checkpoint every block the way practitioners do; returns how many blocks are checkpointed.
+def enable_per_block(workload: Workload) -> int | None:
+    """Checkpoint every block the way practitioners do; returns how many blocks are checkpointed (if known).
 
     torchvision ResNets: every BasicBlock/Bottleneck of layer1..layer4. Other torchvision models: every child
     of the main ``features`` or ``encoder.layers`` Sequential. Hugging Face models: their own
@@ -170,7 +172,11 @@ def enable_per_block(workload: Workload) -> int:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ACStudioError(f"{workload.spec.model} does not support gradient checkpointing")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True)
+        try:
+            from transformers.modeling_layers import GradientCheckpointingLayer
+        except ImportError:  # transformers < 4.52 checkpoints inside each model's layer loop: nothing to count
+            return None
+        return sum(isinstance(m, GradientCheckpointingLayer) for m in model.modules())
     if workload.family != "torchvision":
         raise ACStudioError("per-block checkpointing needs a torchvision or transformers model, "
                             f"not {workload.spec.model}")

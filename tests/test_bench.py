@@ -1,0 +1,313 @@
+"""The benchmark harness: worker processes on tiny CPU models, recorded failures, comparisons, search, plots."""
+
+import importlib.util
+import json
+import math
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from conftest import tiny_spec
+
+from acstudio.bench import BenchConfig, BenchResults, compare, expand_configs, parse_size, run_bench, search_max_batch
+from acstudio.bench.measure import StorageTracker
+from acstudio.bench.runner import bench_args, run_worker
+from acstudio.bench.steps import enable_per_block
+from acstudio.bench.worker import run_config
+from acstudio.errors import ACStudioError, Cancelled, DeviceError
+from acstudio.workload import WorkloadSpec, build_workload
+
+FAULTY_MODELS = '''
+import os, time, torch
+
+class Faulty(torch.nn.Module):
+    def __init__(self, fault):
+        super().__init__()
+        self.fault, self.lin = fault, torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        if self.fault == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if self.fault == "error":
+            raise ValueError("shape mismatch in layer 3")
+        if self.fault == "exit":
+            os._exit(3)
+        time.sleep(60)
+
+def make(fault):
+    return lambda batch_size: (Faulty(fault), torch.randn(batch_size, 4), lambda m, b: m(b).sum())
+
+oom, error, exit, hang = make("oom"), make("error"), make("exit"), make("hang")
+'''
+
+
+def worker_cfg(spec, config, **kw):
+    return {"spec": spec.to_dict(), "config": config, "device": "cpu", "warmup": 1, "iters": 3, **kw}
+
+
+@pytest.fixture
+def faulty(tmp_path):
+    path = tmp_path / "faulty.py"
+    path.write_text(FAULTY_MODELS)
+    return lambda name: WorkloadSpec(f"{path}:{name}", batch_size=2)
+
+
+def test_config_names_parse_expand_and_name_their_baseline():
+    configs = expand_configs(["eager", "rewritten", "per-block", "compile", "compile@0.5", "rewritten@60%"],
+                             ["60%", "8GiB"])
+    assert [c.name for c in configs] == ["eager", "rewritten@60%", "rewritten@8GiB", "per-block", "compile",
+                                         "compile@0.5"]
+    assert [c.baseline for c in configs] == [None, "captured", "captured", "eager", "eager", "compile"]
+    assert BenchConfig.parse("compile@0.2").memory_ratio == 0.2
+    for bad in ("eagre", "compile@2", "compile@x", "eager@3", "rewritten@"):
+        with pytest.raises(ACStudioError):
+            BenchConfig.parse(bad)
+    with pytest.raises(ACStudioError, match="budget"):
+        expand_configs(["rewritten"], [])
+
+
+def test_parse_size_reads_absolute_sizes_only():
+    assert parse_size("16GiB") == 16 * 2**30
+    assert parse_size("8000 MiB") == 8000 * 2**20
+    assert parse_size("12GB") == 12 * 10**9
+    assert parse_size("1.5e9") == 1_500_000_000
+    for bad in ("60%", "lots", "-1GiB", "3 parsecs", "0"):
+        with pytest.raises(ACStudioError):
+            parse_size(bad)
+
+
+def row(config, batch_size, ms, peak, status="ok"):
+    c = BenchConfig.parse(config)
+    return {"config": c.name, "kind": c.kind, "arg": c.arg, "baseline": c.baseline, "batch_size": batch_size,
+            "status": status, "message": "", "time_ms_median": ms, "time_ms_iqr": 1.0, "peak_bytes": peak}
+
+
+def test_overheads_use_each_configurations_own_baseline():
+    rows = [row("eager", 32, 40.0, 6000), row("per-block", 32, 90.0, 3000), row("captured", 32, 44.0, 6000),
+            row("rewritten@50%", 32, 55.0, 3300), row("compile", 32, 30.0, 6600), row("compile@0.5", 32, 33.0, 4800),
+            row("eager", 64, None, None, status="oom"), row("per-block", 64, 160.0, 5000)]
+    out = {(r["config"], r["batch_size"]): r for r in compare(rows)}
+    assert out["per-block", 32]["overhead_pct"] == pytest.approx(125.0)
+    assert out["rewritten@50%", 32]["overhead_pct"] == pytest.approx(25.0)  # against captured, not eager
+    assert out["rewritten@50%", 32]["time_vs_eager_pct"] == pytest.approx(37.5)
+    assert out["compile@0.5", 32]["overhead_pct"] == pytest.approx(10.0)  # against compile default
+    assert out["compile", 32]["overhead_pct"] == pytest.approx(-25.0)
+    assert out["per-block", 32]["memory_saving_pct"] == pytest.approx(50.0)
+    assert out["compile", 32]["memory_saving_pct"] == pytest.approx(-10.0)  # compile used more memory
+    assert out["eager", 32]["overhead_pct"] is None and out["eager", 32]["memory_saving_pct"] is None
+    # no eager baseline at 64 (it ran out of memory): nothing to compare against, but the row is kept
+    assert out["per-block", 64]["overhead_pct"] is None and out["per-block", 64]["memory_saving_pct"] is None
+    assert out["eager", 64]["status"] == "oom"
+
+
+@pytest.mark.parametrize(("start", "limit"), [(1, 64), (4, 100), (48, 1000)])
+def test_max_batch_search_finds_the_largest_fitting_batch(start, limit):
+    for threshold in [0, 1, 2, 3, 5, 47, 48, 63, 64, 65, 99, 100, 999, 5000]:
+        probes = []
+
+        def fits(b, threshold=threshold, probes=probes):
+            assert 1 <= b <= limit
+            probes.append(b)
+            return b <= threshold
+
+        assert search_max_batch(fits, start, limit) == min(threshold, limit)
+        assert len(probes) == len(set(probes)), "a batch size was measured twice"
+        assert len(probes) <= 2 * math.ceil(math.log2(limit)) + 2
+
+
+def test_storage_tracker_counts_storages_once_until_freed():
+    resident = torch.zeros(256)
+    tracker = StorageTracker()
+    tracker.track([resident, resident[:10]])
+    assert tracker.live == 1024
+    with tracker:
+        a = torch.ones(1000)
+        view = a.view(10, 100)
+        a.add_(1)
+        b = a * 2
+        del a, b
+        c = view.sum()
+    assert tracker.peak == 1024 + 8000
+    assert tracker.live == 1024 + 4000 + 4  # ``view`` keeps its base alive, plus the scalar ``c``
+    del view, c
+    assert tracker.live == 1024
+
+
+HAVE_REWRITER = all(importlib.util.find_spec(m) for m in ("acstudio.plan", "acstudio.rewrite")) and all(
+    importlib.util.find_spec(m) for m in ("acstudio.plan.mutwo", "acstudio.plan.budget", "acstudio.rewrite.rewriter"))
+
+
+@pytest.fixture(scope="module")
+def bert_bench(tmp_path_factory):
+    """One CPU run of tiny BERT in every configuration that needs no compiler (one process each)."""
+    out = tmp_path_factory.mktemp("bench")
+    configs = ["eager", "per-block", "captured"] + (["rewritten"] if HAVE_REWRITER else [])
+    seen = []
+    results = run_bench(tiny_spec("bert", batch_size=2, seq_len=32), [4], configs, ["50%"], device="cpu",
+                        out_dir=out, warmup=1, iters=3, progress=lambda done, total, msg: seen.append((done, total)))
+    return out, results, seen
+
+
+def test_run_bench_tiny_bert_on_cpu(bert_bench):
+    out, results, seen = bert_bench
+    rows = {r["config"]: r for r in results.rows}
+    assert list(rows)[:3] == ["eager", "per-block", "captured"]
+    for r in rows.values():
+        assert r["status"] == "ok", r["message"]
+        assert r["batch_size"] == 4 and len(r["times_ms"]) == 3
+        assert r["time_ms_q1"] <= r["time_ms_median"] <= r["time_ms_q3"]
+        assert 0 < r["resident_bytes"] < r["peak_bytes"]
+        assert r["environment"]["torch"] == torch.__version__
+        args = shlex.split(r["command"])
+        assert args[:5] == ["acstudio", "bench", "bert", "--batch-size", "4"] and r["config"] in args
+    # the same seed and random stream: per-block checkpointing computes the same loss as eager
+    assert rows["per-block"]["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-5)
+    assert rows["per-block"]["details"]["checkpointed_blocks"] == 2
+    assert rows["per-block"]["peak_bytes"] < rows["eager"]["peak_bytes"]
+    # the captured graph keeps the activations eager keeps
+    assert rows["captured"]["peak_bytes"] == pytest.approx(rows["eager"]["peak_bytes"], rel=0.05)
+    assert seen[-1][0] == seen[-1][1] == len(rows)
+
+    loaded = BenchResults.load(out / "bench.json")
+    assert loaded.rows == json.loads(json.dumps(results.rows))
+    assert loaded.meta["command"].startswith("acstudio bench bert --batch-size 4 ")
+    frame = loaded.to_frame()
+    assert list(frame["config"])[:3] == ["eager", "per-block", "captured"]
+    assert frame.loc[1, "memory_saving_pct"] > 0
+    csv = (out / "bench.csv").read_text().splitlines()
+    assert csv[0].startswith("model,batch_size,config,") and len(csv) == len(rows) + 1
+    assert sorted(p.name for p in (out / "workers").glob("*.json"))[:3] == [
+        "000_eager_bs4.json", "001_per_block_bs4.json", "002_captured_bs4.json"]
+
+
+@pytest.mark.skipif(not HAVE_REWRITER, reason="the planner (acstudio.plan.mutwo/budget) or the rewriter "
+                                              "(acstudio.rewrite.rewriter) is not written yet")
+def test_rewritten_step_saves_memory_and_keeps_the_loss(bert_bench):
+    out, results, _ = bert_bench
+    rows = {r["config"]: r for r in results.rows}
+    rewritten, captured = rows["rewritten@50%"], rows["captured"]
+    assert rewritten["status"] == "ok", rewritten["message"]
+    assert rewritten["baseline"] == "captured"
+    assert rewritten["details"]["recomputed_activations"] > 0
+    assert rewritten["peak_bytes"] < captured["peak_bytes"]
+    assert rewritten["loss"] == pytest.approx(captured["loss"], rel=1e-4)
+    assert len(list((out / "profiles").glob("bert_bs4_*.json.gz"))) == 1
+
+
+def test_worker_reads_stdin_and_prints_one_json_line(tmp_path):
+    (tmp_path / "tiny.py").write_text(
+        "import torch\n"
+        "def make(batch_size):\n"
+        "    print('chatty model code')  # must not end up on the worker's stdout\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))\n"
+        "    return model, torch.randn(batch_size, 64), lambda m, b: m(b).square().mean()\n")
+    spec = WorkloadSpec(f"{tmp_path / 'tiny.py'}:make", batch_size=32, optimizer="sgd")
+    proc = subprocess.run([sys.executable, "-m", "acstudio.bench.worker"], input=json.dumps(worker_cfg(spec, "eager")),
+                          capture_output=True, text=True, timeout=120, check=True)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and "chatty model code" in proc.stderr
+    r = json.loads(lines[0])
+    assert r["status"] == "ok", r["message"]
+    params = (64 * 256 + 256 + 256 + 1) * 4
+    # resident when the step starts: parameters, last step's gradients, SGD momentum, the batch
+    assert r["resident_bytes"] == 3 * params + 32 * 64 * 4
+    # plus the ReLU output saved for backward (32 x 256 floats) and a few transients of that size at most
+    hidden = 32 * 256 * 4
+    assert r["resident_bytes"] + hidden <= r["peak_bytes"] <= r["resident_bytes"] + 3 * hidden
+    assert math.isfinite(r["loss"]) and len(r["times_ms"]) == 3 and r["warmup"] == 1
+
+
+def test_per_block_checkpoints_every_resnet_block_without_changing_gradients():
+    spec = tiny_spec("resnet18", batch_size=2)
+    plain, checkpointed = build_workload(spec), build_workload(spec)
+    assert enable_per_block(checkpointed) == 8  # two BasicBlocks in each of layer1..layer4
+    assert [n for n, _ in plain.model.named_parameters()] == [n for n, _ in checkpointed.model.named_parameters()]
+    for w in (plain, checkpointed):
+        w.loss_fn(w.model, w.batch).backward()
+    for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_out_of_memory_and_errors_are_recorded_not_raised(faulty, tmp_path):
+    oom = run_config(worker_cfg(faulty("oom"), "eager"))
+    assert oom["status"] == "oom" and oom["message"] == "does not fit: CUDA out of memory. Tried to allocate 2.00 GiB"
+    err = run_config(worker_cfg(faulty("error"), "per-block"))
+    assert err["status"] == "error" and "per-block checkpointing needs a torchvision or transformers" in err["message"]
+    err = run_config(worker_cfg(faulty("error"), "eager"))
+    assert err["status"] == "error" and err["message"] == "ValueError: shape mismatch in layer 3"
+    assert "forward" in err["traceback"] and err["config"] == "eager" and err["batch_size"] == 2
+    # a worker that dies without printing its result still yields a row, with the exit status
+    dead = run_worker(worker_cfg(faulty("exit"), "eager"), tmp_path / "dead", timeout_s=120)
+    assert dead["status"] == "error" and "exited with status 3" in dead["message"]
+    assert dead["config"] == "eager" and dead["batch_size"] == 2
+
+
+def test_hanging_worker_times_out_and_cancel_kills_it(faulty, tmp_path):
+    t0 = time.monotonic()
+    hung = run_worker(worker_cfg(faulty("hang"), "eager"), tmp_path / "hang", timeout_s=1.5)
+    assert hung["status"] == "error" and "timed out" in hung["message"]
+    assert time.monotonic() - t0 < 20
+
+    from acstudio.jobs import CancelToken
+
+    cancel = CancelToken()
+    threading.Timer(1.0, cancel.cancel).start()
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        run_bench(faulty("hang"), [2], ["eager"], device="cpu", out_dir=tmp_path / "c", warmup=1, iters=3,
+                  cancel=cancel)
+    assert time.monotonic() - t0 < 10
+
+
+def test_compile_memory_budget_reaches_the_partitioner():
+    # aot_eager_decomp_partition runs the same min-cut partitioner as inductor, without compiling C++. The
+    # worker sets the ratio process-wide (it owns its process); here it is restored afterwards.
+    cfg = worker_cfg(tiny_spec("bert", batch_size=2), "compile@0.5", compile_backend="aot_eager_decomp_partition")
+    with torch._functorch.config.patch(activation_memory_budget=1.0):
+        r = run_config(cfg)
+    torch._dynamo.reset()
+    assert r["status"] == "ok", r["message"]
+    assert r["details"]["activation_memory_budget"] == 0.5 and r["warmup"] == 6
+    assert r["peak_bytes"] is None  # compiled code allocates out of sight of storage accounting
+    assert r["baseline"] == "compile" and math.isfinite(r["loss"])
+
+
+def test_bench_args_reproduce_the_run():
+    spec = tiny_spec("bert", seed=3)
+    line = bench_args(spec, [8, 16], ["eager", "rewritten"], budgets=["60%"], device="cuda", out_dir="out dir",
+                      warmup=10, iters=20, compile_backend="inductor", fit_budget="16GiB", max_batch=512)
+    args = shlex.split(line)
+    assert args[:5] == ["acstudio", "bench", "bert", "--batch-size", "8,16"]
+    for flag, value in [("--seed", "3"), ("--configs", "eager,rewritten"), ("--budgets", "60%"), ("--out", "out dir"),
+                        ("--fit-budget", "16GiB"), ("--max-batch", "512"), ("--config", "num_hidden_layers=2")]:
+        assert args[args.index(flag) + 1] == value
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_bench_without_cuda_says_so(tmp_path):
+    with pytest.raises(DeviceError, match="--device cpu"):
+        run_bench(tiny_spec("bert"), [2], ["eager"], out_dir=tmp_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed")
+def test_plots_from_a_hand_made_results_file(tmp_path):
+    from acstudio.bench import plot_results
+
+    rows = []
+    for bs, scale in [(32, 1), (64, 2), (128, 4)]:
+        for config, ms, peak in [("eager", 40, 6000), ("per-block", 90, 2800), ("rewritten@50%", 50, 3200)]:
+            r = row(config, bs, ms * scale, peak * scale * 2**20)
+            r.update(time_ms_q1=ms * scale * 0.95, time_ms_q3=ms * scale * 1.05)
+            rows.append(r)
+    rows.append(row("compile", 128, None, None, status="oom"))
+    meta = {"spec": tiny_spec("resnet18").to_dict(), "device": "cuda", "fit_budget": "16GiB",
+            "fit_budget_bytes": 16 * 2**30}
+    BenchResults(meta=meta, rows=rows).save(tmp_path / "res")
+    paths = plot_results(tmp_path / "res" / "bench.json", tmp_path / "plots")
+    assert sorted(p.name for p in paths) == ["memory_vs_overhead.png", "peak_vs_batch.png", "time_vs_batch.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
