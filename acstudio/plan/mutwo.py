@@ -29,10 +29,10 @@ from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan import baselines
 from acstudio.plan.budget import format_bytes
-from acstudio.plan.model import Plan
+from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
-from acstudio.simulate.simulator import Simulator
+from acstudio.simulate.simulator import SimState, Simulator
 
 SOLVERS = ("mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp")
 BUDGET_MET = "budget met"
@@ -62,57 +62,47 @@ class TrajectoryStep:
     simulated_peak_bytes: int = 0
 
 
-@dataclass
-class _Version:
-    """A recomputed activation's replay as of one step (it changes when its sources get recomputed)."""
-
-    step: int
-    chain: list[int]
-    sources: list[int]
-    nodes: np.ndarray
-    time_ms: float
-
-
 class _Greedy:
-    """The greedy's state; :meth:`pick` makes one choice and returns it, with its ratio."""
+    """The greedy's state; :meth:`pick` makes one choice and returns it with its ratio, :meth:`peak` simulates."""
 
     def __init__(self, ctx: PlanContext) -> None:
         rg = self.rg = ctx.rg
-        self.ctx = ctx
-        n_act = len(rg.bytes)
-        self.mask = np.zeros(n_act, dtype=bool)
-        self.keep_until = np.full(n_act, -1, dtype=np.int64)
-        self.transient = np.zeros(n_act, dtype=np.int64)
-        self.chain: dict[int, list[int]] = {}
-        self.sources: dict[int, list[int]] = {}
-        self.nodes: dict[int, np.ndarray] = {}
-        self.time = np.zeros(n_act)
-        self.n_dep = np.zeros(n_act, dtype=np.int64)
-        self.readers: dict[int, set[int]] = defaultdict(set)  # activation -> candidates that read it
+        self.state = SimState(ctx.sim)
+        self.mask = self.state.mask
+        self.chain: dict[int, list[int]] = {k: [k] for k in rg.candidates}
+        self.sources: dict[int, list[int]] = {k: list(rg.stops[k]) for k in rg.candidates}
+        self.nodes: dict[int, np.ndarray] = {k: rg.own[k] for k in rg.candidates}
+        self.time = rg.own_time.copy()
+        self.n_dep = np.zeros(len(rg.bytes), dtype=np.int64)
+        self.readers: dict[int, set[int]] = defaultdict(set)  # activation -> candidates whose sources include it
+        for k in rg.candidates:
+            for s in self.sources[k]:
+                self.readers[s].add(k)
         inactive = {a.id: a.inactive_time_ms for a in ctx.profile.activations}
         self.order = sorted(rg.candidates, key=lambda k: (-inactive[rg.act_ids[k]], rg.first_bw[k], rg.act_ids[k]))
         self.slot = {k: i for i, k in enumerate(self.order)}
         self.ratio = np.zeros(len(self.order))
         for k in self.order:
-            self._expand(k)
             self._rate(k)
         self.extra_ms = 0.0
-        self.history: dict[int, list[_Version]] = {}
+        self.pick_ratio: dict[int, float] = {}
+        # Per recomputed activation: (step, schedule entry) each time its replay changed.
+        self.history: dict[int, list[tuple[int, ScheduleEntry]]] = {}
         self.steps = 0
-        # Remaining candidates' gaps, for the "peak out of reach" test.
+        self.ctx = ctx
         self._cand = np.array(self.order, dtype=np.int64)
 
-    def _expand(self, k: int) -> tuple[list[int], list[int]]:
-        """(Re)compute ``k``'s replay under the current recompute set; returns (old, new) sources."""
+    def _extend(self, k: int, t: int) -> tuple[list[int], list[int]]:
+        """Make ``k`` replay recomputed ``t`` instead of reading it; returns (old, new) sources."""
         rg = self.rg
-        chain, sources = rg.expand_chain(k, self.mask)
-        old = self.sources.get(k, [])
+        old_chain, old = self.chain[k], self.sources[k]
+        chain, sources = rg.extend_chain(k, old_chain, old, t, self.mask)
         for s in set(old) - set(sources):
             self.readers[s].discard(k)
         for s in set(sources) - set(old):
             self.readers[s].add(k)
         self.chain[k], self.sources[k] = chain, sources
-        self.nodes[k] = rg.chain_nodes(chain)
+        self.nodes[k] = np.unique(np.concatenate([self.nodes[k], *(rg.own[c] for c in chain[len(old_chain):])]))
         self.time[k] = rg.run_ms[self.nodes[k]].sum()
         return old, sources
 
@@ -120,23 +110,20 @@ class _Greedy:
         total = self.time[k] * (1 + self.n_dep[k])
         self.ratio[self.slot[k]] = self.rg.bytes[k] / max(total, 1e-12)
 
-    def _pays_for(self, s: int, reader: int) -> bool:
-        """Whether recomputing candidate ``s`` would make recomputed ``reader`` replay ``s`` as well."""
-        return not self.mask[s] and self.rg.is_candidate[s] and not self.rg.resident(s, self.rg.first_bw[reader])
-
     def _read_by(self, reader: int, sources: list[int], sign: int, touched: set[int]) -> None:
-        """Account for recomputed ``reader`` starting (+1) or stopping (-1) to read ``sources``."""
-        f = self.rg.first_bw[reader]
+        """Account for recomputed ``reader`` starting (+1) or stopping (-1) to read ``sources``: the replays a
+        later pick of a source would add (``n_dep``), and how long retained sources must stay."""
+        rg = self.rg
+        f = rg.first_bw[reader]
         for s in sources:
             if self.mask[s]:
                 continue
-            if self._pays_for(s, reader):
+            if rg.is_candidate[s] and not rg.resident(s, f):
                 self.n_dep[s] += sign
                 touched.add(s)
-            if sign > 0:
-                self.keep_until[s] = max(self.keep_until[s], f)
-            else:
-                self.keep_until[s] = max((self.rg.first_bw[r] for r in self.readers[s] if self.mask[r]), default=-1)
+            until = max((rg.first_bw[r] for r in self.readers[s] if self.mask[r]), default=-1)
+            if until != self.state.keep_until[s]:
+                self.state.keep(s, until)
 
     def pick(self) -> tuple[int, float] | None:
         i = int(np.argmax(self.ratio))
@@ -145,7 +132,8 @@ class _Greedy:
         rg = self.rg
         t, ratio = self.order[i], float(self.ratio[i])
         self.ratio[i] = -np.inf
-        self.mask[t] = True
+        self.pick_ratio[t] = ratio
+        self.state.recompute(t)
         self.steps += 1
         touched: set[int] = set()
         self._read_by(t, self.sources[t], +1, touched)
@@ -153,7 +141,7 @@ class _Greedy:
         changed = [t]
         for k in [k for k in self.readers[t] if not rg.resident(t, rg.first_bw[k])]:
             was_time = self.time[k]
-            old, new = self._expand(k)
+            old, new = self._extend(k, t)
             if self.mask[k]:
                 self._read_by(k, [s for s in old if s not in new], -1, touched)
                 self._read_by(k, [s for s in new if s not in old], +1, touched)
@@ -162,20 +150,24 @@ class _Greedy:
             else:
                 touched.add(k)
         for k in changed:
-            self.transient[k] = rg.transient_bytes(k, self.nodes[k])
-            self.history.setdefault(k, []).append(
-                _Version(self.steps, self.chain[k], self.sources[k], self.nodes[k], float(self.time[k])))
+            self.state.transient[k] = rg.transient_bytes(k, self.nodes[k])
+            params = sorted({p for c in self.chain[k] for p in rg.params[c]})
+            entry = self.ctx.entry(k, self.sources[k], params, self.nodes[k], self.time[k], self.pick_ratio[k])
+            self.history.setdefault(k, []).append((self.steps, entry))
         for s in touched:
             if not self.mask[s]:
                 self._rate(s)
         return t, ratio
+
+    def peak(self) -> tuple[int, int, bool]:
+        return self.state.peak()
 
     def out_of_reach(self, pos: int) -> bool:
         """True when candidates remain but none is in memory at node ``pos`` (so none can lower its memory)."""
         rg, c = self.rg, self._cand
         left = ~self.mask[c]
         in_gap = (rg.last_fw[c] < pos) & (pos < rg.first_bw[c])
-        kept_for_reader = (rg.last_bw[c] < pos) & (pos < self.keep_until[c])
+        kept_for_reader = (rg.last_bw[c] < pos) & (pos < self.state.keep_until[c])
         return bool(left.any()) and not np.any(left & (in_gap | kept_for_reader))
 
 
@@ -187,13 +179,15 @@ class Trajectory:
     stop_reason: str  # why the greedy ended (candidates exhausted, or the peak out of their reach)
     _ctx: PlanContext = field(repr=False)
     _picks: list[int] = field(repr=False)
-    _ratios: list[float] = field(repr=False)
-    _history: dict[int, list[_Version]] = field(repr=False)
+    _history: dict[int, list[tuple[int, ScheduleEntry]]] = field(repr=False)
     _own_nodes: list[str] = field(repr=False)
 
     def __post_init__(self) -> None:
         self._own = np.array([s.simulated_peak_bytes for s in self.steps], dtype=np.int64)
         self._min = np.array([s.predicted_peak_bytes for s in self.steps], dtype=np.int64)
+        self._picked_at = {k: j + 1 for j, k in enumerate(self._picks)}
+        self._run_order = self._ctx.execution_order(self._picks)
+        self._version_steps = {k: [step for step, _ in vs] for k, vs in self._history.items()}
 
     def step_for_budget(self, budget_bytes: int) -> int | None:
         """Index of the first step whose peak fits ``budget_bytes`` (``None`` if none does)."""
@@ -209,18 +203,14 @@ class Trajectory:
         return self.plan_at(j, budget_bytes, BASELINE_FITS if j == 0 else BUDGET_MET)
 
     def plan_at(self, j: int, budget_bytes: int, stop_reason: str) -> Plan:
-        """The plan of step ``j`` (its first ``j`` picks) judged against ``budget_bytes``."""
-        ctx = self._ctx
-        chosen = self._picks[:j]
-        ratio_of = dict(zip(chosen, self._ratios))
-        entries = []
-        for k in ctx.execution_order(chosen):
-            versions = self._history[k]
-            v = versions[bisect.bisect_right([x.step for x in versions], j) - 1]
-            params = sorted({p for c in v.chain for p in ctx.rg.params[c]})
-            entries.append(ctx.entry(k, v.sources, params, v.nodes, v.time_ms, ratio_of[k]))
-        return ctx.make_plan("mutwo", budget_bytes, chosen, entries, int(self._own[j]), self._own_nodes[j],
-                             self.steps[j].extra_ms, stop_reason)
+        """The plan of step ``j`` (its first ``j`` picks) judged against ``budget_bytes``.
+
+        Schedule entries are made once, while the greedy runs, and shared by every plan of this trajectory
+        that contains them: treat them as read-only."""
+        entries = [self._history[k][bisect.bisect_right(self._version_steps[k], j) - 1][1]
+                   for k in self._run_order if self._picked_at[k] <= j]
+        return self._ctx.make_plan("mutwo", budget_bytes, self._picks[:j], entries, int(self._own[j]),
+                             self._own_nodes[j], self.steps[j].extra_ms, stop_reason)
 
     def curve(self) -> pd.DataFrame:
         """One row per step: activation, peak (monotone), own simulated peak, peak node, extra ms."""
@@ -234,7 +224,6 @@ def _trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: Prog
     steps = [TrajectoryStep("", sim.baseline_peak, sim.baseline_peak_node, 0.0, sim.baseline_peak)]
     own_nodes = [sim.baseline_peak_node]
     picks: list[int] = []
-    ratios: list[float] = []
     g = _Greedy(ctx)
     best = steps[0]
     stop_reason = EXHAUSTED
@@ -250,10 +239,9 @@ def _trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: Prog
         picked = g.pick()
         if picked is None:
             break
-        peak, pos, before = sim.evaluate(g.mask, g.keep_until, g.transient)
+        peak, pos, before = g.peak()
         node = sim.node_ids[pos]
         picks.append(picked[0])
-        ratios.append(picked[1])
         own_nodes.append(node)
         if peak < best.predicted_peak_bytes:
             best = TrajectoryStep(ctx.rg.act_ids[picked[0]], peak, node, g.extra_ms, peak)
@@ -264,7 +252,7 @@ def _trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: Prog
         if len(picks) % 16 == 0:
             report(progress, len(picks), total, f"μ-TWO: {len(picks)}/{total} candidates recomputed")
     report(progress, total, total, "μ-TWO: done")
-    return Trajectory(steps, stop_reason, ctx, picks, ratios, g.history, own_nodes)
+    return Trajectory(steps, stop_reason, ctx, picks, g.history, own_nodes)
 
 
 def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progress: ProgressFn | None = None,

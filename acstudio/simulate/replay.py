@@ -85,9 +85,11 @@ class ReplayGraph:
         for t in profile.tensors:
             fresh[index[t.created_at]].append(sidx[t.id])
         held = [sorted({*f, sidx[nd.storage]} if nd.storage else set(f)) for f, nd in zip(fresh, nodes)]
-        self._in_ptr, self._in_idx = _csr(self._inputs)
-        self._hold_ptr, self._hold_idx = _csr(held)
-        self._fresh_ptr, self._fresh_idx = _csr(fresh)
+        # Only forward nodes are ever replayed: their rows, padded with -1, make the transient a few gathers.
+        fw = [i for i, nd in enumerate(nodes) if nd.region in FORWARD_REGIONS]
+        self._in_pad = _padded(self._inputs, fw, n)
+        self._hold_pad = _padded(held, fw, n)
+        self._fresh_pad = _padded(fresh, fw, n)
 
         self.own: list[np.ndarray] = []
         self.own_time = np.zeros(len(acts))
@@ -177,6 +179,26 @@ class ReplayGraph:
                     sources.add(s)
         return chain, sorted(sources)
 
+    def extend_chain(self, a: int, chain: list[int], sources: list[int], t: int,
+                     recomputed: np.ndarray) -> tuple[list[int], list[int]]:
+        """``expand_chain`` after source ``t`` of ``a`` became recomputed and is not resident for ``a``: only
+        t's side is walked (Alg F's ``srcs -= {t}; srcs |= t.srcs``, deduplicated). Returns new lists."""
+        at = self.first_bw[a]
+        new_chain, found = [*chain, t], set()
+        seen = {*chain, *sources}
+        stack = [t]
+        while stack:
+            for s in self.stops[stack.pop()]:
+                if s in seen:
+                    continue
+                seen.add(s)
+                if recomputed[s] and not (self.first_bw[s] <= at <= self.last_bw[s]):
+                    new_chain.append(s)
+                    stack.append(s)
+                else:
+                    found.add(s)
+        return new_chain, sorted(found.union(sources).difference((t,)))
+
     def chain_nodes(self, chain: list[int]) -> np.ndarray:
         if len(chain) == 1:
             return self.own[chain[0]]
@@ -189,43 +211,40 @@ class ReplayGraph:
         return Expansion(tuple(chain), tuple(sources), tuple(params), nodes, float(self.run_ms[nodes].sum()))
 
     def transient_bytes(self, a: int, replay: np.ndarray) -> int:
-        """High-water mark of the storages a replay allocates, ``a``'s own included.
+        """High-water mark of the storages a replay (sorted node indices) allocates, ``a``'s own included.
 
         Values are freed after their last use inside the replay (FX codegen semantics), except ``a``, which
-        stays; a multi-output node keeps all its outputs until its last ``getitem``. Vectorised over the
-        replay (it can span hundreds of nodes once chains merge).
+        stays; a multi-output node keeps all its outputs until its last ``getitem``. Vectorised: replays span
+        hundreds of nodes once chains merge.
         """
         m = len(replay)
-        pos = np.full(self.n_nodes, -1, dtype=np.int64)
-        pos[replay] = np.arange(m)
-        # Last reader (inside the replay) of every replayed node.
-        readers, inputs = _gather(self._in_ptr, self._in_idx, replay)
-        inputs = pos[inputs]
-        inside = inputs >= 0
+        if not m:
+            return 0
+        # Position in the replay of every input that is itself replayed, and its last reader there.
+        inputs = self._in_pad[replay]
+        at = np.minimum(np.searchsorted(replay, inputs), m - 1)
+        inside = (inputs >= 0) & (replay[at] == inputs)
         last_read = np.arange(m)
-        np.maximum.at(last_read, inputs[inside], readers[inside])
-        # A storage lives until the last read of any replayed node holding it.
-        holders, held = _gather(self._hold_ptr, self._hold_idx, replay)
+        np.maximum.at(last_read, at[inside], np.nonzero(inside)[0])
+        # A storage lives until the last read of any replayed node holding it; ``a`` to the end.
+        held = self._hold_pad[replay]
+        valid = held >= 0
         storage_end = np.full(len(self._storage_bytes), -1, dtype=np.int64)
-        np.maximum.at(storage_end, held, last_read[holders])
+        np.maximum.at(storage_end, held[valid], last_read[np.nonzero(valid)[0]])
         storage_end[self._act_storage[a]] = m
-        makers, made = _gather(self._fresh_ptr, self._fresh_idx, replay)
+        made = self._fresh_pad[replay]
+        valid = made >= 0
+        makers, made = np.nonzero(valid)[0], made[valid]
         nbytes = self._storage_bytes[made]
         delta = np.bincount(makers, weights=nbytes, minlength=m + 1)
         delta -= np.bincount(storage_end[made] + 1, weights=nbytes, minlength=m + 2)[:m + 1]
-        return round(float(np.cumsum(delta[:m]).max())) if m else 0
+        return round(float(np.cumsum(delta[:m]).max()))
 
 
-def _csr(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([len(r) for r in rows])
-    return ptr, np.array([x for r in rows for x in r], dtype=np.int64)
-
-
-def _gather(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For CSR rows ``rows``: (position in ``rows`` of each entry, the entries), vectorised."""
-    counts = ptr[rows + 1] - ptr[rows]
-    owner = np.repeat(np.arange(len(rows)), counts)
-    first = np.cumsum(counts) - counts
-    flat = np.arange(counts.sum()) - np.repeat(first, counts) + np.repeat(ptr[rows], counts)
-    return owner, idx[flat]
+def _padded(rows: list[list[int]], keep: list[int], n: int) -> np.ndarray:
+    """``rows[i]`` for ``i`` in ``keep`` as an (n, width) array padded with -1 (other rows all -1)."""
+    width = max([len(rows[i]) for i in keep] + [1])
+    out = np.full((n, width), -1, dtype=np.int64)
+    for i in keep:
+        out[i, :len(rows[i])] = rows[i]
+    return out

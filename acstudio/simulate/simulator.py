@@ -152,12 +152,11 @@ class Simulator:
         return exps, keep_until, transient
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def evaluate(self, mask: np.ndarray, keep_until: np.ndarray, transient: np.ndarray, timeline: bool = False):
-        """Peak (bytes, position, is-before-node) of a recompute set given as arrays over activations.
+    def activation_memory(self, mask: np.ndarray, keep_until: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes of activations in memory during each node and just before it, for a recompute set.
 
         ``mask``: recomputed activations; ``keep_until``: for retained activations read by a recomputation,
-        the latest node before which such a recomputation runs (-1: none); ``transient``: replay high-water
-        mark of each recomputed activation. With ``timeline`` also returns the per-node category table.
+        the latest node before which such a recomputation runs (-1: none).
         """
         rg = self.replay
         ret = ~mask
@@ -172,26 +171,41 @@ class Simulator:
         acts_between = np.zeros(self.n, dtype=np.int64)
         acts_node[lo:lo + width] = self._span(starts, np.concatenate([node_end, e[rc]]) - lo, weights, width)
         acts_between[lo:lo + width] = self._span(starts + 1, np.concatenate([bnd_end, e[rc]]) - lo, weights, width)
-        mem = self.base[lo:lo + width] + acts_node[lo:lo + width]
+        return acts_node, acts_between
+
+    def evaluate(self, mask: np.ndarray, keep_until: np.ndarray, transient: np.ndarray, timeline: bool = False):
+        """Peak (bytes, node position, whether it is during a recomputation before that node) of a recompute
+        set given as arrays over activations (see :meth:`activation_memory`; ``transient``: each recomputed
+        activation's replay high-water mark). With ``timeline`` also returns the per-node category table."""
+        acts_node, acts_between = self.activation_memory(mask, keep_until)
+        return self.peak_of(acts_node, acts_between, mask, transient, timeline)
+
+    def peak_of(self, acts_node: np.ndarray, acts_between: np.ndarray, mask: np.ndarray, transient: np.ndarray,
+                timeline: bool = False):
+        """:meth:`evaluate` from activation memory arrays already computed (or kept up to date by a caller)."""
+        rg = self.replay
+        lo, hi = self._lo, self._hi + 1
+        mem = self.base[lo:hi] + acts_node[lo:hi]
         pos = int(np.argmax(mem))
         peak, pos, before = int(mem[pos]), pos + lo, False
         if (self._outside_peak, -self._outside_pos) > (peak, -pos):
             peak, pos = self._outside_peak, self._outside_pos
-        mem = self.base + acts_node
+        rc = np.flatnonzero(mask)
         rc_mem = None
         if rc.size:
-            sorted_b = np.where(mask[self._order], b[self._order], 0)
+            sorted_b = np.where(mask[self._order], rg.bytes[self._order], 0)
             csum = np.concatenate([[0], np.cumsum(sorted_b)])
             pre_sorted = csum[:-1] - csum[self._group_start]
             pre = np.empty_like(pre_sorted)
             pre[self._order] = pre_sorted
-            at = f_bw[rc]
+            at = rg.first_bw[rc]
             rc_mem = self.between[at] + acts_between[at] + pre[rc] + transient[rc]
             j = int(np.argmax(rc_mem))
             if rc_mem[j] > peak:
                 peak, pos, before = int(rc_mem[j]), int(at[j]), True
         if not timeline:
             return peak, pos, before
+        mem = self.base + acts_node
         table = np.zeros((self.n, len(TIMELINE_CATEGORIES)), dtype=np.int64)
         table[:, :3] = self._static_node
         table[:, 3] = acts_node
@@ -230,3 +244,46 @@ class Simulator:
         per = {self.replay.act_ids[k]: e.time_ms for k, e in exps.items()}
         return SimResult(peak_bytes=peak, peak_node=self.node_ids[pos], extra_ms=float(sum(per.values())),
                          timeline=table, recompute_ms=per)
+
+
+class SimState:
+    """A recompute set that changes one activation at a time (the greedy planner's loop), its activation
+    memory arrays updated in place instead of rebuilt; :meth:`peak` equals :meth:`Simulator.evaluate` on the
+    same ``mask``, ``keep_until`` and ``transient``."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        n_act = len(sim.replay.bytes)
+        self.mask = np.zeros(n_act, dtype=bool)
+        self.keep_until = np.full(n_act, -1, dtype=np.int64)
+        self.transient = np.zeros(n_act, dtype=np.int64)
+        self.acts_node, self.acts_between = sim.activation_memory(self.mask, self.keep_until)
+
+    @staticmethod
+    def _add(arr: np.ndarray, start: int, end: int, value: int) -> None:
+        if end >= start:
+            arr[start:end + 1] += value
+
+    def recompute(self, k: int) -> None:
+        """Free retained ``k`` after its last forward use and bring it back before its first backward use."""
+        rg = self.sim.replay
+        l_fw, f_bw, e, b = rg.last_fw[k], rg.first_bw[k], rg.last_bw[k], int(rg.bytes[k])
+        ku = self.keep_until[k]
+        self._add(self.acts_node, l_fw + 1, max(e, ku - 1), -b)
+        self._add(self.acts_node, f_bw, e, b)
+        self._add(self.acts_between, l_fw + 1, max(e, ku), -b)
+        self._add(self.acts_between, f_bw + 1, e, b)
+        self.mask[k] = True
+
+    def keep(self, s: int, until: int) -> None:
+        """Keep retained ``s`` alive for recomputations up to the one before node ``until`` (-1: none)."""
+        rg = self.sim.replay
+        e, b, old = rg.last_bw[s], int(rg.bytes[s]), self.keep_until[s]
+        for arr, shift in ((self.acts_node, -1), (self.acts_between, 0)):
+            was, now = max(e, old + shift), max(e, until + shift)
+            self._add(arr, was + 1, now, b)
+            self._add(arr, now + 1, was, -b)
+        self.keep_until[s] = until
+
+    def peak(self) -> tuple[int, int, bool]:
+        return self.sim.peak_of(self.acts_node, self.acts_between, self.mask, self.transient)

@@ -1,0 +1,66 @@
+"""How fast the planner answers: simulator setup, the full μ-TWO trajectory, and budget lookups.
+
+Usage: python benchmarks/planner_speed.py PROFILE [--lookups N]
+
+Targets (ResNet-152 bs64 profile, 2-core CPU): trajectory <= 0.5 s, ``plan_for_budget`` <= 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from acstudio.plan.budget import format_bytes
+from acstudio.plan.mutwo import mutwo_trajectory
+from acstudio.profile.model import Profile
+from acstudio.simulate.simulator import Simulator
+
+
+def timed(fn):
+    """Result, wall seconds and CPU seconds of this process (the CPU figure is robust to a busy machine)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile")
+    parser.add_argument("--lookups", type=int, default=200, help="budgets to look up (default 200)")
+    args = parser.parse_args()
+
+    profile = Profile.load(args.profile)
+    _ = profile.fingerprint, profile.node_index  # hashed/indexed once per profile, not per plan
+    sim, t_sim, _ = timed(lambda: Simulator(profile))
+    _, t_floor, _ = timed(lambda: sim.floor_bytes)
+    print(f"{profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} activations, "
+          f"{len(sim.replay.candidates)} candidates")
+    print(f"simulator setup      {t_sim * 1e3:8.1f} ms   (floor {t_floor * 1e3:.1f} ms: "
+          f"{format_bytes(sim.floor_bytes)}, baseline {format_bytes(sim.baseline_peak)})")
+
+    runs = [timed(lambda: mutwo_trajectory(profile, sim)) for _ in range(3)]
+    traj = runs[-1][0]
+    t_traj = statistics.median(t for _, t, _ in runs)
+    c_traj = statistics.median(c for _, _, c in runs)
+    last = traj.steps[-1]
+    print(f"mu-TWO trajectory    {t_traj * 1e3:8.1f} ms   (median of 3, CPU {c_traj * 1e3:.1f} ms; "
+          f"{len(traj.steps) - 1} picks, down to {format_bytes(last.predicted_peak_bytes)}, extra "
+          f"{last.extra_ms:.1f} ms; {traj.stop_reason})")
+
+    lo, hi = last.predicted_peak_bytes, sim.baseline_peak
+    budgets = np.linspace(lo * 0.95, hi * 1.02, args.lookups).astype(np.int64)
+    np.random.default_rng(0).shuffle(budgets)  # slider jumps, not only neighbouring steps
+    first = [timed(lambda b=b: traj.plan_for_budget(int(b)))[1] for b in budgets]
+    again = [timed(lambda b=b: traj.plan_for_budget(int(b)))[1] for b in budgets]
+    print(f"plan_for_budget      {statistics.median(first) * 1e3:8.2f} ms   median over {len(budgets)} budgets "
+          f"(max {max(first) * 1e3:.2f} ms; repeated: median {statistics.median(again) * 1e3:.2f} ms, "
+          f"max {max(again) * 1e3:.2f} ms)")
+    _, t_sim_full, _ = timed(lambda: sim.simulate(traj.plan_for_budget((lo + hi) // 2).recomputed))
+    print(f"simulate (timeline)  {t_sim_full * 1e3:8.1f} ms   for the mid-budget plan")
+
+
+if __name__ == "__main__":
+    main()
