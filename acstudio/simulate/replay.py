@@ -77,7 +77,7 @@ class ReplayGraph:
                 holders.setdefault(nd.storage, []).append(i)
         self._inputs = [[index[u] for u in nd.inputs] for nd in nodes]
         self._stale = self._stale_nodes(holders)
-        # CSR tables for the vectorised transient computation: inputs, storages held, storages allocated.
+        # Per node: inputs, storages held (allocated or aliased), storages allocated; for the transient.
         sidx = {t.id: j for j, t in enumerate(profile.tensors)}
         self._storage_bytes = np.array([t.bytes for t in profile.tensors], dtype=np.int64)
         self._act_storage = np.array([sidx[a.id] for a in profile.activations], dtype=np.int64)

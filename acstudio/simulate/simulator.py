@@ -17,7 +17,8 @@ until that recomputation has finished (conservative: FX would free it inside the
 
 With nothing recomputed the simulated node memory is exactly ``mem_peak``, so the simulated peak is the
 measured one. Everything is numpy over node and activation indices, so one evaluation is a few bincounts and
-cumulative sums; the planner calls :meth:`Simulator.evaluate` with its incrementally kept replay facts.
+cumulative sums; the greedy planner goes further and updates the activation arrays in place per pick
+(:class:`SimState`).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ class SimResult:
 
     ``timeline[i]`` splits the memory at node ``i`` by :data:`TIMELINE_CATEGORIES`; its sum is the highest of
     the memory during node ``i`` and during the recomputations inserted before node ``i``.
-    ``retained_activations`` counts every activation in memory (retained or already re-materialised),
-    ``recompute_transients`` what a running replay holds (its target included). ``peak_node`` is the node
-    where the peak occurs, or before which the peaking recomputation runs.
+    ``parameter`` holds parameters and buffers; ``other`` the batch, temporaries, the loss and whatever else the
+    measured memory contains (allocator workspaces). ``retained_activations`` counts every activation in
+    memory (retained or already re-materialised), ``recompute_transients`` what a running replay holds (its
+    target included). ``peak_node`` is the node where the peak occurs, or before which the peaking
+    recomputation runs.
     """
 
     peak_bytes: int
