@@ -1,3 +1,13 @@
 """AC Studio: measure a whole PyTorch training step, plan activation checkpointing with mu-TWO, rewrite it."""
 
 __version__ = "0.1.0"
+
+
+def load_step(directory, model, optimizer):
+    """Bind an exported step (``acstudio export``) to ``model`` and ``optimizer``: ``loss = step(batch)``.
+
+    Imported lazily so that ``import acstudio`` stays light; see :func:`acstudio.export.loader.load_step`.
+    """
+    from acstudio.export.loader import load_step as _load_step
+
+    return _load_step(directory, model, optimizer)

@@ -301,11 +301,13 @@ class _Rewriter:
         return stale
 
     def copy_node(self, n: fx.Node, arg_map, owner: str) -> fx.Node:
-        new = self.gm.graph.node_copy(n, arg_map)
         orig = n.meta["ac_id"]
         k = self.copy_count.get(orig, 0)
         self.copy_count[orig] = k + 1
-        new.meta.update(ac_id=f"{orig}@rc{k}", ac_role="recompute", ac_of=owner, ac_region="backward")
+        new = self.gm.graph.create_node(n.op, n.target, fx.node.map_arg(n.args, arg_map),
+                                        fx.node.map_arg(n.kwargs, arg_map), name=f"{n.name}_rc{k}", type_expr=n.type)
+        new.meta = {**n.meta, "ac_id": f"{orig}@rc{k}", "ac_role": "recompute", "ac_of": owner,
+                    "ac_region": "backward"}
         if is_batch_norm(n) and _training(n):
             drop_running_stats(new)
         for w in written_args(new):

@@ -1,0 +1,180 @@
+"""``load_step``: bind an exported step to a live model and optimizer, refusing any that it was not made for.
+
+The exported graph is specialised to what was captured: parameter and buffer shapes and dtypes, the batch's
+structure and shapes, the optimizer's update rule with its hyperparameters as constants, and the device. All of
+that is checked against ``manifest.json`` before (and the hyperparameters and batch again at every call), so a
+mismatch is a clear error instead of a wrong update.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from acstudio.capture.step import CapturedStep, InputSlot
+from acstudio.errors import ACStudioError
+from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
+from acstudio.fileio import read_document
+from acstudio.rewrite.verify import prepare_optimizer
+
+_module_ids = itertools.count()
+
+
+class ExportMismatchError(ACStudioError):
+    """The model, optimizer or batch differs from what the exported step was captured for."""
+
+
+class LoadedStep:
+    """``loss = step(batch)``: one training iteration that updates the model and optimizer in place, like
+    ``optimizer.zero_grad(); loss_fn(model, batch).backward(); optimizer.step()``, and leaves the gradients in
+    ``.grad``."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.model = model
+        self.optimizer = optimizer
+        module = _import(directory / manifest["module"])
+        # The generated module has the captured graph's calling convention, so CapturedStep can feed it.
+        self._step = CapturedStep(gm=module.Step(), inputs=[InputSlot(i["kind"], i["key"]) for i in manifest["inputs"]],
+                                  grad_params=list(manifest["grad_params"]))
+
+    def __call__(self, batch: Any) -> torch.Tensor:
+        check_hyperparameters(self.manifest, self.optimizer)
+        return self._step.run(self.model, self.optimizer, ordered_batch(self.manifest, batch))
+
+
+def load_step(directory: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> LoadedStep:
+    """Check ``model`` and ``optimizer`` against the export in ``directory`` and return its step bound to them.
+
+    An optimizer without state gets it created first, as a fresh optimizer would on its first ``step()``.
+    """
+    directory = Path(directory)
+    manifest = read_document(directory / "manifest.json", MANIFEST_SCHEMA, MANIFEST_VERSION)
+    check_model(manifest, model)
+    check_optimizer(manifest, model, optimizer)
+    init_state(model, optimizer)
+    check_state(manifest, model, optimizer)
+    return LoadedStep(directory, manifest, model, optimizer)
+
+
+def _import(path: Path):
+    if not path.is_file():
+        raise ACStudioError(f"{path}: missing from the export folder")
+    spec = importlib.util.spec_from_file_location(f"acstudio_exported_step_{next(_module_ids)}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _describe(t: torch.Tensor) -> dict[str, Any]:
+    return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+
+
+def _differences(what: str, expected: dict[str, dict], actual: dict[str, dict]) -> list[str]:
+    out = [f"{what} {k} is missing" for k in expected if k not in actual]
+    out += [f"unexpected {what} {k}" for k in actual if k not in expected]
+    out += [f"{what} {k}: expected {expected[k]['dtype']}{expected[k]['shape']}, got {v['dtype']}{v['shape']}"
+            for k, v in actual.items() if k in expected and v != expected[k]]
+    return out
+
+
+def _refuse(problems: list[str], what: str) -> None:
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ExportMismatchError(f"this step was exported for another {what}: {'; '.join(problems[:5])}{more}")
+
+
+def check_model(manifest: dict, model: torch.nn.Module) -> None:
+    params = {n: _describe(p) for n, p in model.named_parameters()}
+    buffers = {n: _describe(b) for n, b in model.named_buffers()}
+    problems = _differences("parameter", manifest["parameters"], params)
+    problems += _differences("buffer", manifest["buffers"], buffers)
+    elsewhere = [n for n, p in model.named_parameters() if p.device.type != manifest["device"]]
+    if elsewhere:
+        problems.append(f"parameter {elsewhere[0]} is not on {manifest['device']}, where the step was captured")
+    _refuse(problems, "model")
+
+
+def _hyper_problems(manifest: dict, optimizer: torch.optim.Optimizer) -> list[str]:
+    expected = manifest["optimizer"]["hyperparameters"]
+    problems = []
+    for g, group in enumerate(optimizer.param_groups):
+        for k, v in expected.items():
+            got = list(group[k]) if isinstance(group.get(k), tuple) else group.get(k)
+            if got != v:
+                problems.append(f"param group {g} has {k}={got!r}, the step was captured with {k}={v!r}")
+    return problems
+
+
+def check_optimizer(manifest: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    kind = manifest["optimizer"]["type"]
+    if type(optimizer).__name__ != kind:
+        raise ExportMismatchError(f"this step was exported for torch.optim.{kind}, got {type(optimizer).__name__}")
+    problems = _hyper_problems(manifest, optimizer)
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    problems += [f"the optimizer does not update parameter {n}" for n, p in model.named_parameters()
+                 if id(p) not in held]
+    _refuse(problems, "optimizer")
+
+
+def check_hyperparameters(manifest: dict, optimizer: torch.optim.Optimizer) -> None:
+    """Refuse a changed learning rate (e.g. by an LR scheduler): the exported graph has it as a constant."""
+    problems = _hyper_problems(manifest, optimizer)
+    if problems:
+        raise ExportMismatchError(f"the optimizer changed since load_step: {problems[0]}; the exported step bakes "
+                                  "its hyperparameters in, so export again for the new settings")
+
+
+def init_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Create optimizer state the graph reads, exactly as a fresh optimizer's first ``step()`` would start.
+
+    The state is made by a zero-gradient step, which leaves moments and momentum buffers at zero but counts one
+    step; the counters are set back to zero so that the first real step uses the same bias correction as eager.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    filled = [bool(optimizer.state.get(p)) for p in params]
+    if any(filled) and not all(filled):
+        raise ExportMismatchError("the optimizer has state for some parameters only; pass a fresh optimizer or "
+                                  "one that has already stepped all of them")
+    fresh = not any(filled)
+    prepare_optimizer(model, optimizer)
+    if fresh:
+        with torch.no_grad():
+            for p in params:
+                step = optimizer.state[p].get("step")
+                if isinstance(step, torch.Tensor):
+                    step.zero_()
+
+
+def check_state(manifest: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    params = dict(model.named_parameters())
+    problems = []
+    for i in manifest["inputs"]:
+        if i["kind"] != "opt_state":
+            continue
+        fqn, _, key = i["key"].rpartition("/")
+        value = optimizer.state[params[fqn]].get(key)
+        if not isinstance(value, torch.Tensor):
+            problems.append(f"no optimizer state {key} for {fqn}")
+        elif _describe(value) != {"shape": i["shape"], "dtype": i["dtype"]}:
+            problems.append(f"optimizer state {i['key']}: expected {i['dtype']}{i['shape']}, got "
+                            f"{_describe(value)['dtype']}{_describe(value)['shape']}")
+    _refuse(problems, "optimizer state")
+
+
+def ordered_batch(manifest: dict, batch: Any) -> list[torch.Tensor]:
+    """The batch's tensors in the order the graph takes them, matched by their path (``['input_ids']``, ``[0]``)."""
+    leaves = {pytree.keystr(path): t for path, t in pytree.tree_flatten_with_path(batch)[0]}
+    expected = {b["path"]: {"shape": b["shape"], "dtype": b["dtype"]} for b in manifest["batch"]}
+    actual = {k: _describe(t) if isinstance(t, torch.Tensor) else {"shape": "?", "dtype": type(t).__name__}
+              for k, t in leaves.items()}
+    _refuse(_differences("batch entry", expected, actual), "batch (the graph has static shapes)")
+    return [leaves[b["path"]] for b in manifest["batch"]]

@@ -1,0 +1,215 @@
+"""The validation gate: the rewritten step must compute what the captured step computes, and use less memory.
+
+Both steps run once from identical state (a fresh copy of the seeded workload, optimizer state materialised the
+same way, ``torch.manual_seed`` before each), and everything one iteration produces is compared: loss, gradients,
+updated parameters, buffers (BatchNorm running statistics catch a double update) and optimizer state. A replay
+re-executes the same kernels on the same inputs, so on the CPU the results must be bitwise identical; on CUDA some
+kernels (atomics in convolution and embedding backward) are not deterministic, so an fp32 tolerance applies.
+
+On CUDA each step's peak is measured after that warm-up run with only its inputs alive. The storage-accounted peak
+(:mod:`acstudio.rewrite.memory`) is reported on every device, beside the plan's prediction.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from acstudio.capture.serialize import deserialize_step
+from acstudio.capture.step import CapturedStep
+from acstudio.capture.tracer import make_capturable, materialize_optimizer_state
+from acstudio.errors import DeviceError, OutOfMemoryError
+from acstudio.jobs import CancelToken, ProgressFn, check, report
+from acstudio.plan.budget import format_bytes
+from acstudio.profile.model import Profile
+from acstudio.profile.profiler import resolve_device
+from acstudio.rewrite.memory import live_bytes
+from acstudio.rewrite.rewriter import plan_activations, rewrite_step
+from acstudio.workload import WorkloadSpec, build_workload
+from acstudio.workload.spec import make_optimizer, move_batch
+
+KINDS = ("loss", "gradients", "parameters", "buffers", "optimizer_state")
+# fp32 tolerance for devices with non-deterministic kernels; bf16 autocast rounds far more coarsely.
+TOLERANCE = {"fp32": (1e-4, 1e-5), "bf16": (2e-2, 1e-3)}  # (rtol, atol)
+
+
+@dataclass
+class Comparison:
+    """How far the rewritten step's tensors of one kind are from the original's."""
+
+    kind: str
+    tensors: int
+    max_abs: float
+    max_rel: float  # over elements whose reference value is non-zero
+    worst: str  # the tensor with the largest absolute difference
+    mismatched: list[str] = field(default_factory=list)  # tensors outside the tolerance (or not bitwise equal)
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatched
+
+
+@dataclass
+class VerifyResult:
+    device: str
+    recomputed: int
+    replayed_nodes: int
+    replay_ms: float  # measured run time of the replayed nodes, from the profile
+    exact: bool  # whether bitwise equality was required (deterministic device)
+    rtol: float
+    atol: float
+    comparisons: list[Comparison]
+    accounted_peak_bytes: int  # storage accounting of the rewritten graph
+    accounted_baseline_peak_bytes: int  # the same for the captured graph
+    predicted_peak_bytes: int | None = None  # the plan's
+    measured_peak_bytes: int | None = None  # CUDA only: max_memory_allocated of the rewritten step
+    measured_baseline_peak_bytes: int | None = None  # CUDA only: the same for the captured step
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        for c, cd in zip(self.comparisons, d["comparisons"]):
+            cd["passed"] = c.passed
+        return d
+
+    def summary(self) -> str:
+        """A few lines for the CLI and the GUI."""
+        rule = "bitwise equal" if self.exact else f"rtol {self.rtol:g}, atol {self.atol:g}"
+        lines = [f"{'PASSED' if self.passed else 'FAILED'}: rewritten step vs captured step on {self.device} "
+                 f"({self.recomputed} activations recomputed, {self.replayed_nodes} nodes replayed; {rule})"]
+        for c in self.comparisons:
+            bad = f"  mismatched: {', '.join(c.mismatched[:3])}" if c.mismatched else ""
+            lines.append(f"  {c.kind:<16} {c.tensors:>5} tensors  max abs {c.max_abs:.3g}  max rel {c.max_rel:.3g}"
+                         f"{bad}")
+        peaks = [("accounted", self.accounted_baseline_peak_bytes, self.accounted_peak_bytes)]
+        if self.measured_peak_bytes is not None:
+            peaks.append(("measured", self.measured_baseline_peak_bytes, self.measured_peak_bytes))
+        for what, before, after in peaks:
+            lines.append(f"  {what} peak: {format_bytes(before)} -> {format_bytes(after)}")
+        if self.predicted_peak_bytes is not None:
+            lines.append(f"  predicted peak (plan): {format_bytes(self.predicted_peak_bytes)}")
+        return "\n".join(lines)
+
+
+def verify(profile: Profile, plan, device: str = "cpu", progress: ProgressFn | None = None,
+           cancel: CancelToken | None = None, *, share_chains: bool = False) -> VerifyResult:
+    """Rewrite ``profile``'s step with ``plan`` and check it against the captured step on ``device``."""
+    recomputed = plan_activations(plan, profile)
+    dev = resolve_device(device)
+    if dev.type == "cuda" and profile.environment.get("device_type", "cpu") == "cpu":
+        raise DeviceError("this profile was captured on the CPU, so its graph creates CPU tensors; verify it with "
+                          "--device cpu (a GPU profile can be verified on either)")
+    total = 5
+    report(progress, 0, total, "rewriting the step")
+    step = deserialize_step(profile.graph, device=str(dev))
+    rewritten = rewrite_step(step, profile, recomputed, share_chains=share_chains)
+    check(cancel)
+    spec = WorkloadSpec.from_dict(profile.workload)
+    report(progress, 1, total, "building the workload")
+    master = build_workload(spec)  # stays on the CPU; every run starts from a fresh copy
+    rtol, atol = (0.0, 0.0) if dev.type == "cpu" else TOLERANCE[spec.precision]
+    check(cancel)
+    try:
+        report(progress, 2, total, "running the captured step")
+        reference, base_peak = _run(step, master, spec, dev)
+        check(cancel)
+        report(progress, 3, total, "running the rewritten step")
+        result, peak = _run(rewritten, master, spec, dev)
+        check(cancel)
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemoryError(f"CUDA out of memory while verifying {spec.label}; GPU memory has been released")\
+            from exc
+    finally:
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    report(progress, 4, total, "comparing")
+    comparisons = [compare(kind, reference[kind], result[kind], rtol, atol) for kind in KINDS]
+    report(progress, total, total, "verified")
+    return VerifyResult(
+        device=str(dev), recomputed=len(recomputed),
+        replayed_nodes=sum(1 for n in rewritten.gm.graph.nodes if n.meta.get("ac_role") == "recompute"),
+        replay_ms=rewritten.replay_ms, exact=rtol == 0.0 and atol == 0.0, rtol=rtol, atol=atol,
+        comparisons=comparisons, accounted_peak_bytes=max(live_bytes(rewritten.gm, profile)),
+        accounted_baseline_peak_bytes=max(live_bytes(step.gm, profile)),
+        predicted_peak_bytes=getattr(plan, "predicted_peak_bytes", None),
+        measured_peak_bytes=peak, measured_baseline_peak_bytes=base_peak)
+
+
+def prepare_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Give a live optimizer the state layout the captured graph expects, as :func:`capture_step` does."""
+    materialize_optimizer_state(model, optimizer)
+    make_capturable(optimizer)
+
+
+def _run(step: CapturedStep, master, spec: WorkloadSpec, dev: torch.device) -> tuple[dict, int | None]:
+    """One seeded iteration from a fresh copy of ``master``; returns everything it produced (on the CPU) and, on
+    CUDA, the peak of a second iteration measured with only the step's inputs alive."""
+    model = copy.deepcopy(master.model).to(dev)
+    batch = move_batch(master.batch, dev)
+    optimizer = make_optimizer(spec.optimizer, model.parameters())
+    prepare_optimizer(model, optimizer)
+    try:
+        torch.manual_seed(spec.seed)
+        loss = step.run(model, optimizer, batch)
+        out = snapshot(model, optimizer, loss)
+        del loss
+        if dev.type != "cuda":
+            return out, None
+        for p in model.parameters():
+            p.grad = None
+        gc.collect()
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        step.run(model, optimizer, batch)
+        torch.cuda.synchronize(dev)
+        return out, torch.cuda.max_memory_allocated(dev)
+    finally:
+        del model, batch, optimizer  # an exception's traceback would otherwise keep them on the device
+
+
+def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> dict:
+    """CPU copies of what one iteration produced, by kind and name."""
+    cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
+    params = dict(model.named_parameters())
+    fqn = {id(p): n for n, p in params.items()}
+    return {
+        "loss": {"loss": cpu(loss)},
+        "gradients": {n: cpu(p.grad) for n, p in params.items() if p.grad is not None},
+        "parameters": {n: cpu(p) for n, p in params.items()},
+        "buffers": {n: cpu(b) for n, b in model.named_buffers()},
+        "optimizer_state": {f"{fqn[id(p)]}/{k}": cpu(v) for p, state in optimizer.state.items()
+                            for k, v in state.items() if isinstance(v, torch.Tensor)},
+    }
+
+
+def compare(kind: str, expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], rtol: float,
+            atol: float) -> Comparison:
+    """Max absolute / relative difference over all tensors of one kind, and which are outside the tolerance."""
+    out = Comparison(kind=kind, tensors=len(expected), max_abs=0.0, max_rel=0.0, worst="")
+    for name in sorted(expected.keys() | actual.keys()):
+        a, b = actual.get(name), expected.get(name)
+        if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+            out.mismatched.append(name)
+            continue
+        a64, b64 = a.double(), b.double()  # exact for the dtypes a step holds (fp32, bf16, integers, bools)
+        if not torch.allclose(a64, b64, rtol=rtol, atol=atol, equal_nan=True):
+            out.mismatched.append(name)
+        if not a.numel():
+            continue
+        diff = (a64 - b64).abs().nan_to_num(0.0)
+        ref = b64.abs()
+        nonzero = ref > 0
+        if diff.max().item() > out.max_abs:
+            out.max_abs, out.worst = diff.max().item(), name
+        if bool(nonzero.any()):
+            out.max_rel = max(out.max_rel, (diff[nonzero] / ref[nonzero]).max().item())
+    return out
