@@ -72,6 +72,7 @@ def test_invariants_on_random_graphs(seed):
     p = random_profile(seed, n_forward=8 + seed % 7)
     sim = Simulator(p)
     traj = mutwo_trajectory(p, sim)
+    assert sim.floor == Simulator(p).floor  # an exhausted trajectory's last step stands in for the floor
     peaks = [s.predicted_peak_bytes for s in traj.steps]
     own = [s.simulated_peak_bytes for s in traj.steps]
     assert peaks == np.minimum.accumulate(own).tolist()  # monotone: the running minimum

@@ -32,6 +32,7 @@ from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
+from acstudio.simulate.replay import ReplayGraph
 from acstudio.simulate.simulator import SimState, Simulator
 
 SOLVERS = ("mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp")
@@ -43,8 +44,8 @@ EXHAUSTED = "candidates exhausted (budget below floor)"
 def candidates(profile: Profile, simulator: Simulator | None = None) -> list[str]:
     """Activation ids μ-TWO may free and recompute; ``Plan.excluded`` / the simulator's replay graph say why
     the others may not (random op, mutation of graph state, no inactive interval, ...)."""
-    sim = simulator or Simulator(profile)
-    return [sim.replay.act_ids[k] for k in sim.replay.candidates]
+    rg = simulator.replay if simulator is not None else ReplayGraph(profile)
+    return [rg.act_ids[k] for k in rg.candidates]
 
 
 @dataclass
@@ -258,7 +259,13 @@ def _trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: Prog
 def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progress: ProgressFn | None = None,
                      cancel: CancelToken | None = None) -> Trajectory:
     """The complete μ-TWO greedy run for ``profile`` (the memory/time Pareto curve)."""
-    return _trajectory(PlanContext(profile, simulator), progress=progress, cancel=cancel)
+    ctx = PlanContext(profile, simulator)
+    traj = _trajectory(ctx, progress=progress, cancel=cancel)
+    if traj.stop_reason == EXHAUSTED and "floor" not in vars(ctx.sim):
+        # Every candidate is recomputed in the last step: that is the floor, no need to simulate it again.
+        ctx.sim.floor = (traj.steps[-1].simulated_peak_bytes, traj._own_nodes[-1])
+    _ = profile.fingerprint, ctx.sim.floor_bytes  # what every plan reports: computed here, once, not per lookup
+    return traj
 
 
 def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: Simulator | None = None,

@@ -23,10 +23,6 @@ class PlanContext:
         self.node_ids = np.array(self.sim.node_ids, dtype=object)
 
     @cached_property
-    def fingerprint(self) -> str:
-        return self.profile.fingerprint
-
-    @cached_property
     def activation_bytes(self) -> dict[str, int]:
         return {a: int(b) for a, b in zip(self.rg.act_ids, self.rg.bytes)}
 
@@ -55,7 +51,7 @@ class PlanContext:
             else:
                 stop_reason = "budget met" if feasible else "budget not met"
         return Plan(
-            profile_fingerprint=self.fingerprint, solver=solver, budget_bytes=int(budget),
+            profile_fingerprint=self.profile.fingerprint, solver=solver, budget_bytes=int(budget),
             recomputed=[self.rg.act_ids[k] for k in recomputed], schedule=entries, predicted_peak_bytes=int(peak),
             predicted_peak_node=peak_node, predicted_extra_ms=float(extra_ms), feasible=feasible,
             stop_reason=stop_reason, floor_bytes=self.sim.floor_bytes, baseline_peak_bytes=self.sim.baseline_peak,
