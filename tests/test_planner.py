@@ -193,3 +193,16 @@ def test_real_profile_end_to_end(tmp_path):
     assert set(table.solver) == {"mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp"}
     milp = table[table.solver == "milp"]
     assert (milp.extra_ms <= milp.mutwo_extra_ms + 1e-9).all() and (milp.gap >= -1e-9).all()
+
+
+def test_profile_without_activations():
+    """Nothing saved for backward: every solver answers with the baseline, budgets below it are infeasible."""
+    specs = [("x", "input", [], 8, 0, "batch"), ("w", "input", [], 4, 0, "param"),
+             ("a", "forward", ["x", "w"], 100, 1, "new"), ("loss", "loss", ["a"], 4, 1, "new"),
+             ("g", "backward", ["loss", "x"], 4, 1, "new"), ("out", "output", ["loss", "g"], 0, 0, "output")]
+    p = build_profile(specs)
+    traj = mutwo_trajectory(p)
+    assert len(traj.steps) == 1 and traj.plan_for_budget(10**6).stop_reason == BASELINE_FITS
+    for solver in ("mutwo", "recompute-all", "milp"):
+        pl = plan(p, 10, solver)
+        assert not pl.feasible and pl.recomputed == [] and pl.predicted_peak_bytes == p.peak_bytes == pl.floor_bytes

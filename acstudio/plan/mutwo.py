@@ -127,8 +127,8 @@ class _Greedy:
                 self.state.keep(s, until)
 
     def pick(self) -> tuple[int, float] | None:
-        i = int(np.argmax(self.ratio))
-        if self.ratio[i] == -np.inf:
+        i = int(np.argmax(self.ratio)) if self.ratio.size else -1
+        if i < 0 or self.ratio[i] == -np.inf:
             return None
         rg = self.rg
         t, ratio = self.order[i], float(self.ratio[i])
