@@ -31,9 +31,12 @@ class ScheduleEntry:
 
     ``activation`` (a storage id) is freed after node ``freed_after`` (its last forward use) and recomputed
     right before node ``recompute_before`` (its first backward use) by replaying the nodes in ``replay`` (ids,
-    topological order). Those nodes read ``sources``: activation ids that are in memory at that point
-    (retained, or recomputed earlier and still alive) and parameter/buffer/input storage ids. ``ratio`` is
-    bytes per millisecond of recompute time as the solver saw it when choosing (μ-TWO's recompute ratio).
+    topological order; it includes the chains of recomputed activations that are not back in memory yet).
+    Inputs of replayed nodes that are not replayed themselves hold ``sources``: activation ids in memory at
+    that point (retained ones; recomputed ones are then already back, so read their recomputed copy) and
+    parameter/buffer/input storage ids. Replayed nodes are forward nodes whose ``replay`` is ``"ok"``;
+    BatchNorm among them must run without updating running statistics. ``ratio`` is bytes per millisecond of
+    recompute time as the solver saw it when choosing (μ-TWO's recompute ratio).
     """
 
     activation: str
