@@ -60,7 +60,9 @@ def main(argv: list[str]) -> int:
     from PySide6.QtWidgets import QApplication
 
     from acstudio.gui.main_window import MainWindow
+    from acstudio.gui.qtcompat import make_singletons_immortal
 
+    make_singletons_immortal()
     app = QApplication.instance() or QApplication(["acstudio"])
     app.setApplicationName("acstudio")
     app.setOrganizationName("AC Studio")

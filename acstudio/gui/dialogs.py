@@ -31,8 +31,6 @@ from PySide6.QtWidgets import (
 
 from acstudio.errors import ACStudioError
 from acstudio.gui.models import DataFrameModel, FilterProxy
-from acstudio.workload import WorkloadSpec
-from acstudio.workload.spec import OPTIMIZERS, PRECISIONS
 
 
 class Messages:
@@ -51,32 +49,20 @@ class Messages:
         QMessageBox.information(self.parent, title, message)
 
 
-def cuda_devices() -> list[tuple[str, str]]:
-    """(device string, label) for every visible CUDA device."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    return [(f"cuda:{i}", f"cuda:{i} – {torch.cuda.get_device_name(i)}") for i in range(torch.cuda.device_count())]
-
-
 class NewProfileDialog(QDialog):
-    """Choose a workload (zoo model or ``file.py:factory``) and a device to profile it on."""
+    """Choose a workload (zoo model or ``file.py:factory``) and a device to profile it on.
 
-    def __init__(self, models: dict[str, list[str]], devices: list[tuple[str, str]],
-                 parent: QWidget | None = None) -> None:
+    The choices (model names, CUDA devices, optimizers, precisions) come from :meth:`set_environment`, found
+    in a child process, so opening the dialog never loads torch into the window's process.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("New profile")
         self.filter = QLineEdit(placeholderText="Filter models")
         self.models = QListWidget()
+        self.models.addItem("looking for models and devices…")
         self._family: dict[str, str] = {}
-        for family, names in models.items():
-            header = QListWidgetItem(f"— {family} —")
-            header.setFlags(Qt.ItemFlag.NoItemFlags)
-            self.models.addItem(header)
-            for name in names:
-                self.models.addItem(name)
-                self._family[name] = family
         self.filter.textChanged.connect(self._apply_filter)
         self.models.currentItemChanged.connect(self._update_enabled)
         self.custom = QLineEdit(placeholderText="or your own: path/to/file.py:factory")
@@ -91,14 +77,8 @@ class NewProfileDialog(QDialog):
         self.seq = QSpinBox(minimum=1, maximum=1 << 20, value=128)
         self.config = QLineEdit(placeholderText="model config overrides, e.g. num_hidden_layers=4 hidden_size=256")
         self.optimizer = QComboBox()
-        self.optimizer.addItems(list(OPTIMIZERS))
-        self.optimizer.setCurrentText("adam")
         self.precision = QComboBox()
-        self.precision.addItems(list(PRECISIONS))
         self.device = QComboBox()
-        for dev, label in devices:
-            self.device.addItem(label, dev)
-        self.device.addItem("cpu", "cpu")
         self.error = QLabel("")
         self.error.setStyleSheet("color: #b01010")
         self.error.setWordWrap(True)
@@ -121,7 +101,29 @@ class NewProfileDialog(QDialog):
         layout.addLayout(form)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
-        self.result_spec: WorkloadSpec | None = None
+        self.result_spec: dict | None = None
+
+    def set_environment(self, env: dict) -> None:
+        """Fill the choices from :func:`~acstudio.gui.profile_process.probe_environment`'s answer."""
+        self.models.clear()
+        self._family = {}
+        for family, names in env["models"].items():
+            header = QListWidgetItem(f"— {family} —")
+            header.setFlags(Qt.ItemFlag.NoItemFlags)
+            self.models.addItem(header)
+            for name in names:
+                self.models.addItem(name)
+                self._family[name] = family
+        self.optimizer.clear()
+        self.optimizer.addItems(env["optimizers"])
+        self.optimizer.setCurrentText("adam")
+        self.precision.clear()
+        self.precision.addItems(env["precisions"])
+        self.device.clear()
+        for dev, label in env["devices"]:
+            self.device.addItem(label, dev)
+        self.device.addItem("cpu", "cpu")
+        self._apply_filter(self.filter.text())
 
     def model_name(self) -> str:
         custom = self.custom.text().strip()
@@ -148,27 +150,28 @@ class NewProfileDialog(QDialog):
         family = "custom" if self.custom.text().strip() else self._family.get(self.model_name(), "")
         self.image.setEnabled(family in ("torchvision", "custom"))
         self.seq.setEnabled(family in ("transformers", "custom"))
-        self.config.setEnabled(family in ("transformers", "custom", "torchvision"))
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Model factory file", "", "Python files (*.py)")
         if path:
-            self.custom.setText(f"{path}:make_workload")
+            self.custom.setText(f"{path}:make")
 
-    def spec(self) -> WorkloadSpec:
-        """The chosen workload; raises :class:`ACStudioError` with a readable message if incomplete."""
+    def spec(self) -> dict:
+        """The chosen workload as ``WorkloadSpec.to_dict()`` fields (the profiling process validates it)."""
         name = self.model_name()
         if not name:
             raise ACStudioError("choose a model from the list or enter file.py:factory")
+        if not self.optimizer.currentText():
+            raise ACStudioError("still looking for models and devices; try again in a moment")
         config = []
         for part in self.config.text().replace(",", " ").split():
             key, eq, value = part.partition("=")
             if not eq or not key:
                 raise ACStudioError(f"config override {part!r} is not key=value")
-            config.append((key, value))
-        return WorkloadSpec(name, batch_size=self.batch.value(), optimizer=self.optimizer.currentText(),
-                            precision=self.precision.currentText(), image_size=self.image.value(),
-                            seq_len=self.seq.value(), config=tuple(config))
+            config.append([key, value])
+        return {"model": name, "batch_size": self.batch.value(), "optimizer": self.optimizer.currentText(),
+                "precision": self.precision.currentText(), "image_size": self.image.value(),
+                "seq_len": self.seq.value(), "config": config, "seed": 0}
 
     def device_string(self) -> str:
         return str(self.device.currentData())

@@ -156,6 +156,7 @@ class GraphView(QWidget):
         self._match_pos = -1
         self._focus_after_layout = ""
         self._fit_after_layout = False
+        self.message = ""  # the last layout's status line
 
     # -- profile and layout ----------------------------------------------------------------------------------
     def set_tree(self, tree: gl.ModuleTree) -> None:
@@ -183,10 +184,11 @@ class GraphView(QWidget):
             self.recolour(self._decisions)
         self._outline()
         if layout.engine == "dot":
-            self.status.emit(f"Graph: {len(view.items)} boxes, {len(view.edges)} edges (graphviz dot)")
+            self.message = f"Graph: {len(view.items)} boxes, {len(view.edges)} edges (graphviz dot)"
         else:
-            self.status.emit(f"Graph: graphviz 'dot' not found, using a simple layered layout "
-                             f"({len(view.items)} boxes); install graphviz for a better one")
+            self.message = (f"Graph: graphviz 'dot' not found, using a simple layered layout "
+                            f"({len(view.items)} boxes); install graphviz for a better one")
+        self.status.emit(self.message)
         if self._fit_after_layout:
             self._fit_after_layout = False
             self.fit()

@@ -27,6 +27,8 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     """A message for the user and, for unexpected errors, the traceback as details."""
     if isinstance(exc, ACStudioError):
         return str(exc), ""
+    if getattr(exc, "details", ""):  # raised in a child process: its own traceback is the useful one
+        return str(exc), exc.details
     name = type(exc).__name__
     if "OutOfMemory" in name or "out of memory" in str(exc).lower():
         return f"Out of memory: {str(exc).splitlines()[0] if str(exc) else name}", ""

@@ -32,15 +32,18 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.budget_panel import BudgetPanel
-from acstudio.gui.dialogs import Messages
+from acstudio.gui.dialogs import Messages, NewProfileDialog
 from acstudio.gui.graph_view import GraphView
 from acstudio.gui.jobs import JobRunner
 from acstudio.gui.models import ID_ROLE, DataFrameModel, FilterProxy, fmt_bytes, fmt_int, fmt_ms, fmt_ratio
-from acstudio.gui.session import Loaded, PlanState, Session, open_document, prepare
+from acstudio.gui.profile_process import probe_environment, profile_in_child
+from acstudio.gui.qtcompat import make_singletons_immortal
+from acstudio.gui.session import Loaded, PlanState, Session, open_document, other_solvers, prepare
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.plan.mutwo import SOLVERS
+from acstudio.profile.model import Profile
 
 MAX_RECENT = 8
 FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
@@ -55,10 +58,17 @@ def default_cache_dir() -> str:
     return os.path.join(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.CacheLocation), "layouts")
 
 
+def default_data_dir() -> str:
+    return QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
+
+
 class MainWindow(QMainWindow):
     def __init__(self, settings: QSettings | None = None, cache_dir: str | None = None,
-                 messages: Messages | None = None) -> None:
+                 messages: Messages | None = None, data_dir: str | None = None) -> None:
+        """``cache_dir`` holds graph layouts, ``data_dir`` new profiles and benchmark results."""
+        make_singletons_immortal()
         super().__init__()
+        self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
         self.setWindowTitle("AC Studio")
         self.setAcceptDrops(True)
         self.resize(1500, 950)
@@ -123,7 +133,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.cancel_button)
 
         self.runners: dict[str, JobRunner] = {}
-        for name in ("load", "profile", "export", "bench"):
+        for name in ("load", "profile", "probe", "sweep", "export", "bench"):
             runner = JobRunner(name, self)
             runner.progress.connect(partial(self._on_progress, name))
             runner.busyChanged.connect(self._update_busy)
@@ -132,6 +142,10 @@ class MainWindow(QMainWindow):
             self.runners[name] = runner
         self.runners["load"].resultReady.connect(self._on_opened)
         self.runners["profile"].resultReady.connect(self._on_profiled)
+        self.runners["sweep"].resultReady.connect(self._on_sweep)
+        self.runners["probe"].resultReady.connect(self._on_environment)
+        self._environment: dict | None = None
+        self._env_dialogs: list[NewProfileDialog] = []
         self.runners["export"].resultReady.connect(self._on_exported)
         self.runners["bench"].resultReady.connect(self._on_bench)
         self._opening = ""
@@ -235,21 +249,35 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
 
     # -- new profile -----------------------------------------------------------------------------------------
-    def new_profile_dialog(self) -> None:
-        from acstudio.gui.dialogs import NewProfileDialog, cuda_devices
-        from acstudio.workload import list_models
+    def new_profile_dialog(self) -> NewProfileDialog:
+        """Open the (window-modal, non-blocking) new-profile dialog; its choices arrive from a child process."""
+        dialog = NewProfileDialog(self)
+        if self._environment is not None:
+            dialog.set_environment(self._environment)
+        else:
+            self._env_dialogs.append(dialog)
+            if not self.runners["probe"].busy:
+                self.runners["probe"].submit(probe_environment)
+        dialog.accepted.connect(lambda: self.start_profile(dialog.result_spec, dialog.device_string()))
+        dialog.open()
+        return dialog
 
-        dialog = NewProfileDialog(list_models(), cuda_devices(), self)
-        if dialog.exec() and dialog.result_spec is not None:
-            self.start_profile(dialog.result_spec, dialog.device_string())
+    def _on_environment(self, env: dict) -> None:
+        self._environment = env
+        for dialog in self._env_dialogs:
+            dialog.set_environment(env)
+        self._env_dialogs = []
 
-    def start_profile(self, spec, device: str) -> None:
-        """Profile ``spec`` on ``device`` in the background, then open it (saved under the app data folder)."""
-        out_dir = Path(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)) / "profiles"
+    def start_profile(self, spec: dict, device: str) -> None:
+        """Profile ``spec`` (``WorkloadSpec.to_dict()``) on ``device`` in a child process, then open it.
+
+        The profile is saved under the data folder, so it can be reopened from the recent files.
+        """
+        out_dir = self.data_dir / "profiles"
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = f"{spec.label.replace(' ', '_').replace('/', '_').replace(':', '_')}-{device.replace(':', '')}"
-        path = out_dir / f"{name}-{stamp}.json.gz"
-        self.show_status(f"Profiling {spec.label} on {device}…")
+        label = f"{Path(spec['model'].rpartition(':')[0] or spec['model']).stem}_bs{spec['batch_size']}"
+        path = out_dir / f"{label}_{spec['optimizer']}_{spec['precision']}-{device.replace(':', '')}-{stamp}.json.gz"
+        self.show_status(f"Profiling {spec['model']} (batch {spec['batch_size']}) on {device}…")
         self.runners["profile"].submit(partial(profile_and_prepare, spec, device, str(path)))
 
     def _on_profiled(self, loaded: Loaded) -> None:
@@ -277,6 +305,7 @@ class MainWindow(QMainWindow):
         self.budget.solver.setCurrentText("mutwo")
         self.inspector.setHtml(self._profile_html(loaded))
         self.set_budget(top if floor >= top else (floor + top) // 2)
+        self.runners["sweep"].submit(partial(other_solvers, profile))
         self._update_actions()
         self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} "
                          f"activations; peak {format_bytes(top)}, floor {format_bytes(floor)}")
@@ -287,16 +316,26 @@ class MainWindow(QMainWindow):
             return
         self.budget.set_budget(budget)
         self.timeline.set_budget(budget)
-        if self.session.solver == "mutwo":
-            self.session.set_budget(budget)
+        if self.session.set_budget(budget) is None:
+            self.show_status(f"Planning with {self.session.solver} for {format_bytes(budget)}…")
 
     def _on_line_dragged(self, budget: int) -> None:
         self.budget.drag_to(budget)
 
     def _on_solver(self, solver: str) -> None:
         self.session.solver = solver
-        if solver == "mutwo" and self.session.loaded is not None:
-            self.session.set_budget(self.budget.budget_bytes())
+        if self.session.loaded is not None:
+            self.set_budget(self.budget.budget_bytes())
+
+    def _on_sweep(self, df) -> None:
+        """Other solvers' operating points on the Pareto chart (rows without a peak are notes, e.g. skipped)."""
+        if "peak_bytes" not in df.columns:
+            return
+        for solver, rows in df.dropna(subset=["peak_bytes", "extra_ms"]).groupby("solver"):
+            self.budget.set_other(str(solver), rows["extra_ms"].to_numpy(), rows["peak_bytes"].to_numpy())
+        notes = df[df["peak_bytes"].isna()] if "note" in df.columns else df.iloc[:0]
+        for _, row in notes.iterrows():
+            self.show_status(f"{row['solver']}: {row['note']}")
 
     def _on_plan(self, state: PlanState) -> None:
         t0 = time.perf_counter()
@@ -435,8 +474,11 @@ class MainWindow(QMainWindow):
             self.progress.setRange(0, 0)
 
     def _on_job_failed(self, name: str, message: str, details: str) -> None:
+        if name == "sweep":  # the chart just lacks the other solvers' points: not worth a dialog
+            self.show_status(f"Other solvers' curves unavailable: {message}")
+            return
         titles = {"load": "Cannot open the file", "profile": "Profiling failed", "export": "Export failed",
-                  "bench": "Benchmark failed"}
+                  "bench": "Benchmark failed", "probe": "Cannot list models and devices"}
         self._error(titles.get(name, name), message, details)
 
     def _error(self, title: str, message: str, details: str = "") -> None:
@@ -481,11 +523,8 @@ class MainWindow(QMainWindow):
         return False
 
 
-def profile_and_prepare(spec, device: str, path: str, progress=None, cancel=None) -> Loaded:
-    """Profile in the worker thread, save the profile (so it can be reopened) and prepare it for display."""
-    from acstudio.profile.profiler import profile_workload
-
-    profile = profile_workload(spec, device=device, progress=progress, cancel=cancel)
-    profile.save(path)
-    return prepare(profile, path, progress, cancel)
+def profile_and_prepare(spec: dict, device: str, path: str, progress=None, cancel=None) -> Loaded:
+    """Profile in a child process (saving the profile to ``path``), then prepare it for display."""
+    profile_in_child(spec, device, path, progress, cancel)
+    return prepare(Profile.load(path), path, progress, cancel)
 

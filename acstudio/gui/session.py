@@ -26,7 +26,7 @@ from acstudio.gui.graph_view import Decisions
 from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, Trajectory, mutwo_trajectory
+from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, SOLVERS, Trajectory, mutwo_trajectory, plan, sweep
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import SimResult, Simulator
 
@@ -140,6 +140,20 @@ def simulate_plan(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tup
     return plan, loaded.simulator.simulate(plan.recomputed)
 
 
+def solver_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None) -> tuple[Plan, SimResult]:
+    result = plan(loaded.profile, budget, solver, loaded.simulator, cancel)
+    check(cancel)
+    return result, loaded.simulator.simulate(result.recomputed)
+
+
+def other_solvers(profile: Profile, progress=None, cancel=None) -> pd.DataFrame:
+    """Operating points of every solver but μ-TWO (whose curve the trajectory already is), for the Pareto chart.
+
+    Runs on its own simulator: the session's one is in use by the plan thread at the same time.
+    """
+    return sweep(profile, [s for s in SOLVERS if s != "mutwo"], progress=progress, cancel=cancel)
+
+
 class Session(QObject):
     """Current profile and plan. ``planChanged`` fires on the quick answer and again when it is complete."""
 
@@ -178,9 +192,16 @@ class Session(QObject):
         return self.loaded.simulator.baseline_peak
 
     # -- plans -----------------------------------------------------------------------------------------------
-    def set_budget(self, budget: int) -> PlanState:
-        """Quick plan for ``budget`` from the trajectory now; the full plan follows through ``planChanged``."""
+    def set_budget(self, budget: int) -> PlanState | None:
+        """Quick plan for ``budget`` from the trajectory now; the full plan follows through ``planChanged``.
+
+        Other solvers than μ-TWO plan from scratch in the background; their plan arrives only there.
+        """
         loaded = self.loaded
+        if self.solver != "mutwo":
+            self._pending_step = None
+            self.plan_runner.submit(partial(solver_plan, loaded, budget, self.solver))
+            return None
         traj = loaded.trajectory
         j = traj.step_for_budget(budget)
         feasible = j is not None
@@ -210,14 +231,16 @@ class Session(QObject):
         """Show a plan from a file (or another solver); its timeline is simulated in the background."""
         plan.check_profile(self.loaded.profile)
         self.solver = plan.solver
-        self.state = PlanState(solver=plan.solver, budget=plan.budget_bytes, step=None,
-                               recomputed=list(plan.recomputed), peak_bytes=plan.predicted_peak_bytes,
-                               peak_node=plan.predicted_peak_node, extra_ms=plan.predicted_extra_ms,
-                               feasible=plan.feasible, stop_reason=plan.stop_reason, plan=plan,
-                               decisions=plan.decisions(self.loaded.profile))
+        self.state = self._state_of(plan)
         self._pending_step = None
         self.plan_runner.submit(partial(simulate_plan, self.loaded, plan))
         self.planChanged.emit(self.state)
+
+    def _state_of(self, plan: Plan) -> PlanState:
+        return PlanState(solver=plan.solver, budget=plan.budget_bytes, step=None, recomputed=list(plan.recomputed),
+                         peak_bytes=plan.predicted_peak_bytes, peak_node=plan.predicted_peak_node,
+                         extra_ms=plan.predicted_extra_ms, feasible=plan.feasible, stop_reason=plan.stop_reason,
+                         plan=plan, decisions=plan.decisions(self.loaded.profile))
 
     def _complete(self, state: PlanState, plan: Plan, sim: SimResult) -> None:
         state.plan, state.sim = plan, sim
@@ -231,8 +254,8 @@ class Session(QObject):
             while len(self._cache) > CACHE_STEPS:
                 self._cache.popitem(last=False)
         state = self.state
-        if state is None or state.recomputed != list(plan.recomputed):
-            return
+        if state is None or state.solver != plan.solver or state.recomputed != list(plan.recomputed):
+            state = self.state = self._state_of(plan)
         self._complete(state, plan, sim)
         self.planChanged.emit(state)
 

@@ -1,0 +1,192 @@
+"""Profiling in a child process, driven from a GUI worker thread.
+
+Building, tracing and measuring a model holds the GIL for long stretches (loading torch's libraries,
+``make_fx`` tracing: ~0.2 s at a time), which would freeze the window if done in a thread of the GUI
+process. A child process also frees every byte of GPU memory when it ends, can be killed if it stops
+answering a cancel, and cannot take the window down with it if the model crashes.
+
+Protocol: the parent writes the workload spec as one JSON line on the child's stdin, then ``cancel`` lines
+to cancel. The child answers with lines ``@acstudio {json}`` on stdout (``progress``, then one of ``done``,
+``cancelled``, ``error``); any other output (the user's model may print) is ignored. No Qt in here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from acstudio.errors import ACStudioError, Cancelled
+from acstudio.jobs import CancelToken, ProgressFn, report
+
+MARK = "@acstudio "
+CANCEL_GRACE_S = 10.0  # how long a cancelled child may take to stop before it is killed
+
+
+class ChildError(Exception):
+    """An unexpected error in the child; ``details`` is its traceback there."""
+
+    def __init__(self, message: str, details: str) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def cuda_devices() -> list[tuple[str, str]]:
+    """(device string, label) for every visible CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [(f"cuda:{i}", f"cuda:{i} – {torch.cuda.get_device_name(i)}") for i in range(torch.cuda.device_count())]
+
+
+def _emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(MARK + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _watch_stdin(token: CancelToken) -> None:
+    """Cancel when the parent says so, or when it goes away (stdin closed)."""
+    for line in sys.stdin:
+        if line.strip() == "cancel":
+            break
+    token.cancel()
+
+
+def child_main(argv: list[str]) -> int:
+    """``python -m acstudio.gui.profile_process DEVICE OUT`` (spec on stdin) or ``--list``."""
+    if argv == ["--list"]:
+        from acstudio.workload import list_models
+        from acstudio.workload.spec import OPTIMIZERS, PRECISIONS
+
+        _emit({"models": list_models(), "devices": cuda_devices(), "optimizers": list(OPTIMIZERS),
+               "precisions": list(PRECISIONS)})
+        return 0
+    device, out = argv
+    from acstudio.profile.profiler import profile_workload
+    from acstudio.workload import WorkloadSpec
+
+    token = CancelToken()
+    spec = WorkloadSpec.from_dict(json.loads(sys.stdin.readline()))
+    threading.Thread(target=_watch_stdin, args=(token,), daemon=True).start()
+    try:
+        profile = profile_workload(spec, device=device, cancel=token,
+                                   progress=lambda d, t, m: _emit({"progress": [d, t, m]}))
+        profile.save(out)
+    except Cancelled:
+        _emit({"cancelled": True})
+        return 3
+    except ACStudioError as exc:
+        _emit({"error": str(exc)})
+        return 2
+    except Exception as exc:  # reported to the window with its traceback, never a silent exit
+        _emit({"error": f"{type(exc).__name__}: {exc}", "details": traceback.format_exc()})
+        return 1
+    _emit({"done": out})
+    return 0
+
+
+def _start(args: list[str]) -> tuple[subprocess.Popen, queue.Queue]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "acstudio.gui.profile_process", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def _messages(proc: subprocess.Popen, lines: queue.Queue, cancel: CancelToken | None, log: list[str]):
+    """Yield the child's messages; on cancel, ask it to stop, then kill it if it does not."""
+    asked = None
+    while True:
+        if cancel is not None and cancel.cancelled and asked is None:
+            asked = time.monotonic()
+            try:
+                proc.stdin.write("cancel\n")
+                proc.stdin.flush()
+            except OSError:
+                pass
+        if asked is not None and time.monotonic() - asked > CANCEL_GRACE_S:
+            proc.kill()
+            proc.wait()
+            raise Cancelled("cancelled by the user (the profiling process was stopped)")
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        if line.startswith(MARK):
+            yield json.loads(line[len(MARK):])
+        else:
+            log.append(line)
+            del log[:-200]
+
+
+def _finish(proc: subprocess.Popen, messages: list[dict[str, Any]], log: list[str]) -> dict[str, Any]:
+    code = proc.wait()
+    last = messages[-1] if messages else {}
+    if "cancelled" in last:
+        raise Cancelled("cancelled by the user")
+    if "error" in last:
+        if last.get("details"):
+            raise ChildError(last["error"], last["details"])
+        raise ACStudioError(last["error"])
+    if code != 0 or not last:
+        tail = "".join(log[-20:]).strip()
+        raise ACStudioError(f"the profiling process ended unexpectedly (exit code {code})"
+                            + (f":\n{tail}" if tail else ""))
+    return last
+
+
+def profile_in_child(spec: dict[str, Any], device: str, out: str, progress: ProgressFn | None = None,
+                     cancel: CancelToken | None = None) -> None:
+    """Profile the workload ``spec`` (``WorkloadSpec.to_dict()``) on ``device`` in a child process that saves
+    the profile to ``out``."""
+    proc, lines = _start([device, out])
+    log: list[str] = []
+    received: list[dict[str, Any]] = []
+    try:
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        for message in _messages(proc, lines, cancel, log):
+            if "progress" in message:
+                report(progress, *message["progress"])
+            else:
+                received.append(message)
+        _finish(proc, received, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def probe_environment(progress: ProgressFn | None = None, cancel: CancelToken | None = None) -> dict[str, Any]:
+    """Model names, CUDA devices, optimizers and precisions, found in a child process so that the window never
+    loads torch itself."""
+    proc, lines = _start(["--list"])
+    log: list[str] = []
+    try:
+        proc.stdin.close()
+        received = list(_messages(proc, lines, cancel, log))
+        return _finish(proc, received, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(child_main(sys.argv[1:]))

@@ -1,0 +1,509 @@
+"""The desktop app, offscreen: it loads, plans, profiles in the background, survives bad input and exits cleanly."""
+
+import gzip
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QDockWidget
+
+from acstudio.gui import graph_layout as gl
+from acstudio.gui.app import default_profile_path, main, parse_args
+from acstudio.gui.dialogs import Messages, NewProfileDialog
+from acstudio.gui.jobs import JobRunner
+from acstudio.gui.main_window import MainWindow
+from acstudio.gui.models import DataFrameModel, FilterProxy, fmt_bytes
+from acstudio.gui.qtcompat import make_singletons_immortal
+from acstudio.gui.session import prepare
+from acstudio.jobs import check
+from acstudio.plan.model import Plan
+from acstudio.profile.model import Profile
+from acstudio.workload import WorkloadSpec
+
+make_singletons_immortal()  # PySide6 drops references to None/True on Python 3.11 (see acstudio.gui.qtcompat)
+
+# A small CNN whose activations outweigh its parameters, so checkpointing has something to do.
+FACTORY = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def make(batch_size):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    batch = (torch.randn(batch_size, 3, 24, 24), torch.randint(0, 10, (batch_size,)))
+
+    def loss_fn(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    return model, batch, loss_fn
+'''
+
+
+class Recorder(Messages):
+    """Collects what would have been message boxes."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.errors: list[tuple[str, str]] = []
+        self.infos: list[tuple[str, str]] = []
+
+    def error(self, title, message, details=""):
+        self.errors.append((title, message))
+
+    def info(self, title, message):
+        self.infos.append((title, message))
+
+
+@pytest.fixture(scope="session")
+def factory_ref(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "tiny_cnn.py"
+    path.write_text(FACTORY)
+    return f"{path}:make"
+
+
+@pytest.fixture(scope="session")
+def tiny_profile_path(tmp_path_factory, factory_ref):
+    from acstudio.profile.profiler import profile_workload
+
+    profile = profile_workload(WorkloadSpec(factory_ref, batch_size=16, optimizer="sgd"), device="cpu")
+    path = tmp_path_factory.mktemp("profiles") / "tiny.json.gz"
+    profile.save(path)
+    return path
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(settings=settings, cache_dir=str(tmp_path / "cache"), messages=Recorder(),
+                   data_dir=str(tmp_path / "data"))
+    qtbot.addWidget(w)
+    w.show()
+    return w
+
+
+def open_and_wait(qtbot, w, path, timeout=60_000):
+    with qtbot.waitSignal(w.session.loadedChanged, timeout=timeout):
+        w.open_path(str(path))
+    wait_plan(qtbot, w)
+    qtbot.waitUntil(lambda: w.graph.view is not None and not w.graph.runner.busy, timeout=timeout)
+
+
+def wait_plan(qtbot, w, timeout=30_000):
+    qtbot.waitUntil(lambda: w.session.state is not None and w.session.state.complete, timeout=timeout)
+
+
+def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
+    path = default_profile_path()
+    if path is None:
+        pytest.skip("no sample profiles bundled")
+    assert path.name.startswith("h200_resnet152_bs64")
+    open_and_wait(qtbot, window, path)
+    loaded = window.session.loaded
+    assert loaded.profile.environment["device_type"] == "cuda"
+    # the window opens on a mid budget: between floor and baseline, and the plan meets it
+    state = window.session.state
+    assert window.session.floor_bytes < state.budget < window.session.baseline_bytes
+    assert state.feasible and state.peak_bytes <= state.budget
+    # ~7k nodes collapse into a navigable number of boxes
+    assert 10 <= len(window.graph.view.items) <= 80
+    assert window.windowTitle().startswith("AC Studio – resnet152 bs64")
+
+
+def test_main_parses_arguments_and_renders_a_screenshot(qtbot, tmp_path, tiny_profile_path):
+    assert parse_args([]) == (None, None)
+    assert parse_args(["f.json.gz"]) == (None, "f.json.gz")
+    assert parse_args(["--screenshot", "o.png", "f"]) == ("o.png", "f")
+    with pytest.raises(ValueError, match="usage"):
+        parse_args(["--bogus"])
+    out = tmp_path / "shot.png"
+    assert main(["--screenshot", str(out), str(tiny_profile_path)]) == 0
+    image = QImage(str(out))
+    assert (image.width(), image.height()) == (1600, 1000)
+
+
+def test_slider_changes_plan_timeline_graph_and_table(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    session, profile = window.session, window.session.loaded.profile
+    assert session.floor_bytes < session.baseline_bytes, "the test model must leave room for checkpointing"
+
+    window.budget.slider.setValue(window.budget.slider.maximum())
+    qtbot.waitUntil(lambda: session.state.budget == session.baseline_bytes and session.state.complete)
+    # no checkpointing: the simulated timeline is the measured one and nothing is recomputed
+    total = window.timeline.stacked_total()
+    np.testing.assert_allclose(total, [n.mem_peak for n in profile.nodes], rtol=1e-9)
+    assert session.state.recomputed == []
+    keep_colour = {it.key: window.graph.box_colour(it.key).name() for it in window.graph.view.items}
+
+    window.budget.slider.setValue(0)  # down to the floor
+    qtbot.waitUntil(lambda: session.state.budget == session.floor_bytes and session.state.complete)
+    state = session.state
+    assert state.recomputed and state.feasible
+    assert state.plan.recomputed == state.recomputed
+    # the timeline shows the new plan: its top is the simulated peak, below the baseline
+    total = window.timeline.stacked_total()
+    assert total.max() == pytest.approx(state.sim.peak_bytes, rel=1e-9)
+    assert total.max() < session.baseline_bytes
+    # the table's decision column is the plan's decision for each activation
+    col = window.table_model.columns.index("decision")
+    shown = {window.table_model.data(window.table_model.index(r, 0)): window.table_model.data(
+        window.table_model.index(r, col)) for r in range(window.table_model.rowCount())}
+    expected = {a: d.partition(":")[0] for a, d in state.plan.decisions(profile).items()}
+    assert shown == expected
+    # some box changed colour, and the budget labels follow the plan
+    assert any(window.graph.box_colour(k).name() != c for k, c in keep_colour.items())
+    assert window.budget.peak_label.text() == fmt_bytes(state.peak_bytes)
+    assert window.timeline.budget_line.value() == pytest.approx(session.floor_bytes / 2**30)
+
+
+def test_budget_line_drag_moves_slider_and_plans(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    session = window.session
+    target = (session.floor_bytes * 3 + session.baseline_bytes) // 4
+    window.timeline.budget_line.setValue(target / 2**30)  # what a drag does
+    qtbot.waitUntil(lambda: abs(session.state.budget - target) <= (session.baseline_bytes - session.floor_bytes) / 500)
+    assert abs(window.budget.budget_bytes() - target) <= (session.baseline_bytes - session.floor_bytes) / 500
+
+
+def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    window.budget.solver.setCurrentText("recompute-all")
+    qtbot.waitUntil(lambda: window.session.state.solver == "recompute-all" and window.session.state.complete)
+    state = window.session.state
+    candidates = len(window.session.loaded.profile.activations) - len(window.session.loaded.template.excluded)
+    assert len(state.recomputed) == candidates
+    qtbot.waitUntil(lambda: "recompute-all" in window.budget.others, timeout=30_000)
+
+
+def test_selection_is_shared_by_timeline_graph_and_table(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    profile = window.session.loaded.profile
+    act = max(profile.activations, key=lambda a: a.bytes)
+    window.timeline.nodeClicked.emit(act.created_at)
+    qtbot.waitUntil(lambda: not window.graph.runner.busy)
+    # the graph reveals the node itself (expanding its groups), the table selects its activation
+    view = window.graph.view
+    item = view.items[view.node_item[profile.node_index[act.created_at]]]
+    assert not item.is_group and item.key == act.created_at
+    row = window.table.selectionModel().selectedRows()[0]
+    assert row.data() == act.id
+    assert act.created_at in window.inspector.toPlainText()
+
+
+def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile_path, tmp_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    window.budget.slider.setValue(0)
+    qtbot.waitUntil(lambda: window.session.state.budget == window.session.floor_bytes and window.session.state.complete)
+    saved = window.session.state.plan
+    path = tmp_path / "plan.json.gz"
+    window.save_plan(str(path))
+    loaded = Plan.load(path, window.session.loaded.profile)
+    assert loaded.recomputed == saved.recomputed and loaded.predicted_peak_bytes == saved.predicted_peak_bytes
+    # back to the top, then open the plan file: the window shows that plan again
+    window.budget.slider.setValue(window.budget.slider.maximum())
+    qtbot.waitUntil(lambda: window.session.state.recomputed == [] and window.session.state.complete)
+    window.open_path(str(path))
+    qtbot.waitUntil(lambda: window.session.state.recomputed == saved.recomputed and window.session.state.complete)
+    assert window.budget.budget_bytes() == pytest.approx(saved.budget_bytes, abs=window.session.baseline_bytes / 500)
+    assert str(path) in window._recent()
+
+
+def test_export_writes_files_that_load_back(qtbot, window, tiny_profile_path, tmp_path):
+    pytest.importorskip("acstudio.export.exporter")
+    open_and_wait(qtbot, window, tiny_profile_path)
+    out = tmp_path / "export"
+    with qtbot.waitSignal(window.runners["export"].resultReady, timeout=60_000) as blocker:
+        window.export_to(str(out))
+    paths = blocker.args[0]
+    assert paths and all(Path(p).exists() for p in paths)
+    schedule = json.loads((out / "schedule.json").read_text())
+    assert schedule["recomputed"] == window.session.state.plan.recomputed
+    assert window.messages.infos and window.messages.infos[-1][0] == "Export finished"
+
+
+@pytest.mark.parametrize("kind", ["garbage", "wrong_version", "plan_without_profile"])
+def test_bad_files_show_an_error_and_keep_what_is_loaded(qtbot, window, tiny_profile_path, tmp_path, kind):
+    if kind != "plan_without_profile":
+        open_and_wait(qtbot, window, tiny_profile_path)
+    before = window.session.loaded
+    bad = tmp_path / "bad.json.gz"
+    if kind == "garbage":
+        bad.write_bytes(gzip.compress(b"{ not json"))
+        expected = "not a readable"
+    elif kind == "wrong_version":
+        doc = json.loads(gzip.decompress(tiny_profile_path.read_bytes()))
+        doc["version"] = 99
+        bad.write_bytes(gzip.compress(json.dumps(doc).encode()))
+        expected = "version 99 is not supported"
+    else:
+        profile = Profile.load(tiny_profile_path)
+        prepare(profile, str(tiny_profile_path)).trajectory.plan_for_budget(profile.peak_bytes).save(bad)
+        expected = "open the profile it was made for first"
+    with qtbot.waitSignal(window.runners["load"].failed, timeout=30_000):
+        window.open_path(str(bad))
+    title, message = window.messages.errors[-1]
+    assert title == "Cannot open the file" and expected in message
+    assert window.session.loaded is before
+    if before is not None:  # still usable: the slider still plans
+        window.budget.slider.setValue(0)
+        qtbot.waitUntil(lambda: window.session.state.budget == window.session.floor_bytes)
+
+
+def test_new_profile_runs_in_background_stays_responsive_and_opens(qtbot, window, factory_ref):
+    gaps, last = [], [time.monotonic()]
+
+    def tick():
+        now = time.monotonic()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.timeout.connect(tick)
+    timer.start(10)
+    with qtbot.waitSignal(window.session.loadedChanged, timeout=120_000):
+        window.start_profile(WorkloadSpec(factory_ref, batch_size=8, optimizer="adam").to_dict(), "cpu")
+        assert window.progress.isVisible() and window.cancel_button.isVisible()
+    timer.stop()
+    loaded = window.session.loaded
+    assert loaded.profile.workload["model"] == factory_ref
+    # the new profile was saved and reopens to the same graph
+    assert Profile.load(loaded.path).fingerprint == loaded.profile.fingerprint
+    assert loaded.path in window._recent()
+    # the event loop kept running while the worker thread profiled (GIL shared with capture/tracing)
+    assert max(gaps) < 0.5, f"UI stalled for {max(gaps) * 1e3:.0f} ms"
+
+
+def test_profiling_can_be_cancelled_without_losing_the_open_profile(qtbot, window, tiny_profile_path, factory_ref):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    before = window.session.loaded
+    runner = window.runners["profile"]
+    with qtbot.waitSignal(runner.progress, timeout=60_000):
+        window.start_profile(WorkloadSpec(factory_ref, batch_size=8).to_dict(), "cpu")
+    with qtbot.waitSignal(runner.cancelled, timeout=60_000):
+        window.cancel_button.click()
+    assert window.session.loaded is before
+    assert "cancelled" in window.status_label.text()
+    assert not window.messages.errors
+    qtbot.waitUntil(lambda: not window.progress.isVisible())
+
+
+def test_closing_while_profiling_cancels_and_joins_the_worker(qtbot, window, factory_ref):
+    runner = window.runners["profile"]
+    with qtbot.waitSignal(runner.progress, timeout=60_000):
+        window.start_profile(WorkloadSpec(factory_ref, batch_size=8).to_dict(), "cpu")
+    t0 = time.monotonic()
+    window.close()
+    assert time.monotonic() - t0 < 15
+    assert runner._thread.isFinished()
+    assert not child_processes("acstudio.gui.profile_process")
+
+
+def child_processes(text: str) -> list[int]:
+    """Live child processes of this one whose command line contains ``text`` (Linux /proc)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        pytest.skip("needs /proc")
+    found = []
+    for entry in proc.iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_window_layout_and_recent_files_persist(qtbot, tmp_path, tiny_profile_path, window):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    window.findChild(QDockWidget, "inspector_dock").hide()
+    window.close()
+    again = MainWindow(settings=window.settings, cache_dir=str(tmp_path / "cache"), messages=Recorder(),
+                       data_dir=str(tmp_path / "data"))
+    qtbot.addWidget(again)
+    assert [a.text() for a in again.recent_menu.actions()] == [str(tiny_profile_path)]
+    assert again.findChild(QDockWidget, "inspector_dock").isHidden()
+
+
+def test_job_runner_newest_request_wins(qtbot):
+    runner = JobRunner("test")
+    started = threading.Event()
+
+    def slow(progress, cancel):
+        started.set()
+        for _ in range(500):
+            check(cancel)
+            time.sleep(0.01)
+        return "slow"
+
+    results, cancels = [], []
+    runner.resultReady.connect(results.append)
+    runner.cancelled.connect(lambda: cancels.append(1))
+    runner.submit(slow)
+    assert started.wait(5)
+    with qtbot.waitSignal(runner.resultReady, timeout=5000):
+        runner.submit(lambda progress, cancel: "fast")
+    assert results == ["fast"] and not runner.busy
+    assert runner.shutdown(5000)
+
+
+def test_job_runner_reports_errors_as_signals(qtbot):
+    from acstudio.errors import ProfileFileError
+
+    runner = JobRunner("test")
+    with qtbot.waitSignal(runner.failed) as blocker:
+        runner.submit(lambda progress, cancel: (_ for _ in ()).throw(ProfileFileError("x: corrupt profile")))
+    assert blocker.args == ["x: corrupt profile", ""]
+    with qtbot.waitSignal(runner.failed) as blocker:
+        runner.submit(lambda progress, cancel: 1 / 0)
+    assert blocker.args[0].startswith("ZeroDivisionError") and "Traceback" in blocker.args[1]
+    assert runner.shutdown(5000)
+
+
+def test_module_tree_partitions_nodes_and_expands(tiny_profile_path):
+    profile = Profile.load(tiny_profile_path)
+    tree = gl.ModuleTree(profile)
+    collapsed = tree.view(frozenset())
+    assert sorted(i for it in collapsed.items for i in it.nodes) == list(range(len(profile.nodes)))
+    assert all(collapsed.node_item[i] == k for k, it in enumerate(collapsed.items) for i in it.nodes)
+    assert {it.region for it in collapsed.items} <= {"input", "forward", "loss", "backward", "optimizer", "output"}
+    default = tree.view(tree.default_expansion())
+    assert len(default.items) > len(collapsed.items)
+    everything = frozenset(k for i in range(len(profile.nodes)) for k in tree.ancestors(i))
+    full = tree.view(everything)
+    assert all(not it.is_group for it in full.items) and len(full.items) == len(profile.nodes)
+    # edges join distinct items, never touch inputs/outputs, and are unique
+    regions = [it.region for it in full.items]
+    assert all(a != b and regions[a] not in gl.NO_EDGE_REGIONS for a, b in full.edges)
+    assert len(set(full.edges)) == len(full.edges)
+    assert tree.search("convolution") and all("convolution" in profile.nodes[i].target
+                                                or "convolution" in profile.nodes[i].name
+                                                for i in tree.search("convolution"))
+
+
+def test_chunking_bounds_the_children_of_any_group():
+    paths = [("optimizer",)] * 5000 + [("forward", "a")] * 3
+    out = gl._chunked(paths)
+    children: dict[tuple, set] = {}
+    for i, path in enumerate(out):
+        full = (*path, i)  # a node is a child of its innermost group
+        for d in range(1, len(full)):
+            children.setdefault(full[:d], set()).add(full[d])
+    assert max(len(c) for c in children.values()) <= gl.CHUNK
+    assert out[-1] == ("forward", "a")
+
+
+def test_layout_uses_dot_and_caches_it_on_disk(tiny_profile_path, tmp_path):
+    if shutil.which("dot") is None:
+        pytest.skip("graphviz dot is not installed")
+    profile = Profile.load(tiny_profile_path)
+    tree = gl.ModuleTree(profile)
+    expanded = tree.default_expansion()
+    view = tree.view(expanded)
+    layout = gl.cached_layout(view, profile.fingerprint, expanded, tmp_path)
+    assert layout.engine == "dot" and len(layout.boxes) == len(view.items)
+    cache = gl.cache_file(tmp_path, profile.fingerprint, expanded)
+    assert cache.is_file()
+    again = gl.cached_layout(view, profile.fingerprint, expanded, tmp_path)
+    assert again.boxes == layout.boxes and again.clusters == layout.clusters
+    # boxes do not overlap, and every expanded group's frame contains its boxes
+    rects = np.array(layout.boxes)
+    for i in range(len(rects)):
+        x, y, w, h = rects[i]
+        other = np.delete(rects, i, axis=0)
+        overlap = (other[:, 0] < x + w - 1) & (other[:, 0] + other[:, 2] > x + 1) & \
+                  (other[:, 1] < y + h - 1) & (other[:, 1] + other[:, 3] > y + 1)
+        assert not overlap.any()
+    frames = {k: r for k, _, r in layout.clusters}
+    for key, _, inside in view.clusters:
+        fx, fy, fw, fh = frames[key]
+        for i in inside:
+            x, y, w, h = layout.boxes[i]
+            assert fx - 1 <= x and x + w <= fx + fw + 1 and fy - 1 <= y and y + h <= fy + fh + 1
+
+
+def test_missing_dot_falls_back_to_layered_layout(qtbot, window, tiny_profile_path, tmp_path, monkeypatch):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    assert not gl.dot_available()
+    open_and_wait(qtbot, window, tiny_profile_path)
+    assert window.graph.layout.engine == "layered"
+    assert "'dot' not found" in window.graph.message
+    assert len(window.graph.layout.boxes) == len(window.graph.view.items)
+    # and nothing was cached: installing graphviz later gives the real layout
+    assert not list((tmp_path / "cache").glob("*.json"))
+
+
+def test_table_model_sorts_numerically_and_filters(qtbot):
+    import pandas as pd
+
+    df = pd.DataFrame({"id": ["a", "b", "c"], "bytes": [2048, 10, 2**30], "op": ["conv", "relu", "conv_t"]},
+                      index=["a", "b", "c"])
+    model = DataFrameModel(df, formats={"bytes": fmt_bytes})
+    proxy = FilterProxy()
+    proxy.setSourceModel(model)
+    proxy.sort(1)
+    assert [proxy.index(r, 0).data() for r in range(3)] == ["b", "a", "c"]
+    assert proxy.index(2, 1).data() == "1.00 GiB"
+    proxy.setFilterFixedString("CONV")
+    assert proxy.rowCount() == 2
+    model.set_columns({"op": ["x", "y", "z"]})
+    assert proxy.rowCount() == 0
+
+
+def test_new_profile_dialog_builds_a_spec(qtbot):
+    dialog = NewProfileDialog()
+    qtbot.addWidget(dialog)
+    dialog.set_environment({"models": {"torchvision": ["resnet18", "resnet152"], "transformers": ["bert", "gpt2"]},
+                            "devices": [["cuda:0", "cuda:0 – GPU"]], "optimizers": ["sgd", "adam", "adamw"],
+                            "precisions": ["fp32", "bf16"]})
+    dialog.filter.setText("res")
+    visible = [dialog.models.item(r).text() for r in range(dialog.models.count())
+               if not dialog.models.item(r).isHidden() and dialog.models.item(r).text() in dialog._family]
+    assert visible == ["resnet18", "resnet152"]
+    dialog.select_model("bert")
+    dialog.batch.setValue(4)
+    dialog.seq.setValue(64)
+    dialog.config.setText("num_hidden_layers=2 hidden_size=32")
+    spec = WorkloadSpec.from_dict(dialog.spec())  # what the profiling process will rebuild
+    assert (spec.model, spec.batch_size, spec.seq_len, spec.optimizer) == ("bert", 4, 64, "adam")
+    assert spec.config == (("num_hidden_layers", "2"), ("hidden_size", "32"))
+    assert dialog.device_string() == "cuda:0" and dialog.seq.isEnabled() and not dialog.image.isEnabled()
+    dialog.config.setText("oops")
+    dialog._accept()
+    assert "key=value" in dialog.error.text() and dialog.result_spec is None
+
+
+def test_new_profile_dialog_gets_models_and_devices_from_a_child_process(qtbot, window, monkeypatch):
+    started = []
+    monkeypatch.setattr(window, "start_profile", lambda spec, device: started.append((spec, device)))
+    with qtbot.waitSignal(window.runners["probe"].resultReady, timeout=60_000):
+        dialog = window.new_profile_dialog()
+    assert "resnet152" in dialog._family and dialog._family["bert"] == "transformers"
+    assert dialog.device.itemData(dialog.device.count() - 1) == "cpu"
+    dialog.select_model("resnet152")
+    dialog._accept()
+    assert started and started[0][0]["model"] == "resnet152" and started[0][1] == dialog.device_string()
+
+
+def test_pyside_calls_cannot_exhaust_references_to_singletons(qtbot):
+    # whatever the installed PySide6 drops per call, a long session cannot bring these counts near zero
+    timer = QTimer()
+    for _ in range(10_000):
+        timer.setInterval(5)  # a void call
+        timer.timeout.emit()
+    assert min(sys.getrefcount(None), sys.getrefcount(True), sys.getrefcount(False)) > 2**30
