@@ -40,8 +40,9 @@ class NodeRecord:
     the reason it may not (``"random"``, ``"mutates graph state"``, ``"placeholder"``, ``"optimizer"``, ...).
     ``storage`` is the id of the storage the node's (first) tensor output lives in: the node's own id when it
     allocates, its base's id when it is a view or an in-place op, ``""`` when it outputs no tensor.
-    ``mem_after`` / ``mem_peak`` are the device's allocated bytes after the node and the high-water mark
-    during it (CUDA allocator statistics on GPU, storage accounting on CPU).
+    ``mem_after`` / ``mem_peak`` are the device's allocated bytes right after the node ran (before the values
+    whose last use it was are freed) and the high-water mark during it (CUDA allocator statistics on GPU,
+    storage accounting on CPU).
     """
 
     id: str

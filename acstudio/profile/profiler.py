@@ -171,10 +171,18 @@ def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: i
         for i in range(first):
             mem_after[i] = mem_peak[i] = min(base, mem_after[first])
     else:
-        live = analysis.live_bytes_after()
-        mem_after = live
-        mem_peak = [(live[i - 1] if i else 0) + rec.new_bytes for i, rec in enumerate(analysis.nodes)]
-        mem_peak = [max(p, a) for p, a in zip(mem_peak, mem_after)]
+        mem_after = analysis.live_bytes_after()
+        dying = [0] * n
+        size = {t.id: t.bytes for t in analysis.tensors}
+        for sid, (_, end) in analysis.live_range.items():
+            if end is not None:
+                dying[end] += size[sid]
+        # During node i: what survived node i-1 plus what node i allocates.
+        mem_peak = [(mem_after[i - 1] - dying[i - 1] if i else 0) + rec.new_bytes
+                    for i, rec in enumerate(analysis.nodes)]
+    if nodes[-1].op == "output" and n > 1:  # the output node runs nothing: it holds the previous level
+        mem_after[-1] = mem_after[-2]
+        mem_peak[-1] = min(mem_peak[-2], mem_after[-2])
     for rec, t, a, p in zip(analysis.nodes, run_ms, mem_after, mem_peak):
         rec.run_time_ms, rec.mem_after, rec.mem_peak = float(t), int(a), int(p)
     index = {rec.id: i for i, rec in enumerate(analysis.nodes)}
