@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import functools
 import re
 
 import pytest
@@ -37,8 +38,10 @@ def quick_profile(spec, step):
                    peak_bytes=live[peak], peak_node=a.nodes[peak].id, peak_breakdown={}, iteration_ms=1.0)
 
 
-def captured(model, **kw):
-    spec = tiny_spec(model, **kw)
+@functools.cache
+def captured(model):
+    """(spec, workload, optimizer, captured step, profile), shared read-only by the tests of a session."""
+    spec = tiny_spec(model)
     w = build_workload(spec)
     opt = w.make_optimizer()
     step = capture_step(w.model, opt, w.batch, w.loss_fn)
