@@ -10,6 +10,7 @@ import pandas as pd
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -179,6 +180,86 @@ class NewProfileDialog(QDialog):
     def _accept(self) -> None:
         try:
             self.result_spec = self.spec()
+        except ACStudioError as exc:
+            self.error.setText(str(exc))
+            return
+        self.accept()
+
+
+class BenchDialog(QDialog):
+    """Benchmark settings: batch sizes, configurations, device, iterations and an optional max-batch search."""
+
+    CONFIGS = (("eager", "eager PyTorch"), ("captured", "captured graph, no checkpointing"),
+               ("rewritten", "rewritten with the current plan's budget"), ("per-block", "checkpoint every block"),
+               ("compile", "torch.compile"))
+
+    def __init__(self, batch_size: int, budget_bytes: int, devices: list[tuple[str, str]],
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Benchmark")
+        self.budget_bytes = budget_bytes
+        self.batches = QLineEdit(str(batch_size))
+        self.checks: dict[str, QCheckBox] = {}
+        box = QVBoxLayout()
+        for name, label in self.CONFIGS:
+            check = QCheckBox(label)
+            check.setChecked(name in ("eager", "captured", "rewritten"))
+            self.checks[name] = check
+            box.addWidget(check)
+        self.device = QComboBox()
+        self.set_environment({"devices": devices})
+        self.warmup = QSpinBox(minimum=1, maximum=1000, value=3)
+        self.iters = QSpinBox(minimum=3, maximum=10000, value=10)
+        self.fit = QLineEdit(placeholderText="optional, e.g. 16GiB: search the largest batch that fits")
+        self.error = QLabel("")
+        self.error.setStyleSheet("color: #b01010")
+        form = QFormLayout()
+        form.addRow("Batch sizes", self.batches)
+        form.addRow("Configurations", box)
+        form.addRow("Device", self.device)
+        form.addRow("Warm-up steps", self.warmup)
+        form.addRow("Timed steps", self.iters)
+        form.addRow("Max batch within", self.fit)
+        note = QLabel("Every configuration runs in its own process; the rewritten one is planned again from a "
+                      "profile measured on the chosen device.")
+        note.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Run")
+        buttons.accepted.connect(self._accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(note)
+        layout.addWidget(self.error)
+        layout.addWidget(buttons)
+        self.settings: dict | None = None
+
+    def set_environment(self, env: dict) -> None:
+        """Offer the CUDA devices found (first) and the CPU."""
+        self.device.clear()
+        for dev, label in env["devices"]:
+            self.device.addItem(label, dev)
+        self.device.addItem("cpu (dry run: host times, estimated peaks)", "cpu")
+
+    def values(self) -> dict:
+        """Keyword arguments for :func:`acstudio.bench.run_bench` (besides the workload and output folder)."""
+        try:
+            batches = [int(b) for b in self.batches.text().replace(",", " ").split()]
+        except ValueError:
+            raise ACStudioError("batch sizes must be whole numbers, e.g. 32, 64") from None
+        if not batches or min(batches) < 1:
+            raise ACStudioError("give at least one batch size")
+        configs = [f"rewritten@{self.budget_bytes}" if n == "rewritten" else n
+                   for n, check in self.checks.items() if check.isChecked()]
+        if not configs:
+            raise ACStudioError("choose at least one configuration")
+        return {"batch_sizes": batches, "configs": configs, "device": str(self.device.currentData()),
+                "warmup": self.warmup.value(), "iters": self.iters.value(),
+                "fit_budget": self.fit.text().strip() or None}
+
+    def _accept(self) -> None:
+        try:
+            self.settings = self.values()
         except ACStudioError as exc:
             self.error.setText(str(exc))
             return

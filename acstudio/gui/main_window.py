@@ -12,6 +12,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 from PySide6.QtCore import QSettings, QStandardPaths, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
@@ -32,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.budget_panel import BudgetPanel
-from acstudio.gui.dialogs import Messages, NewProfileDialog
+from acstudio.gui.dialogs import BenchDialog, Messages, NewProfileDialog, TableDialog
 from acstudio.gui.graph_view import GraphView
 from acstudio.gui.jobs import JobRunner
 from acstudio.gui.models import ID_ROLE, DataFrameModel, FilterProxy, fmt_bytes, fmt_int, fmt_ms, fmt_ratio
@@ -145,7 +146,9 @@ class MainWindow(QMainWindow):
         self.runners["sweep"].resultReady.connect(self._on_sweep)
         self.runners["probe"].resultReady.connect(self._on_environment)
         self._environment: dict | None = None
-        self._env_dialogs: list[NewProfileDialog] = []
+        self._env_dialogs: list[NewProfileDialog | BenchDialog] = []
+        self.bench_results = None  # the last BenchResults, and the window showing them
+        self.bench_window: TableDialog | None = None
         self.runners["export"].resultReady.connect(self._on_exported)
         self.runners["bench"].resultReady.connect(self._on_bench)
         self._opening = ""
@@ -252,15 +255,19 @@ class MainWindow(QMainWindow):
     def new_profile_dialog(self) -> NewProfileDialog:
         """Open the (window-modal, non-blocking) new-profile dialog; its choices arrive from a child process."""
         dialog = NewProfileDialog(self)
-        if self._environment is not None:
-            dialog.set_environment(self._environment)
-        else:
-            self._env_dialogs.append(dialog)
-            if not self.runners["probe"].busy:
-                self.runners["probe"].submit(probe_environment)
+        self._wants_environment(dialog)
         dialog.accepted.connect(lambda: self.start_profile(dialog.result_spec, dialog.device_string()))
         dialog.open()
         return dialog
+
+    def _wants_environment(self, dialog: NewProfileDialog | BenchDialog) -> None:
+        """Give ``dialog`` the models and devices now, or when the (one) probe process answers."""
+        if self._environment is not None:
+            dialog.set_environment(self._environment)
+            return
+        self._env_dialogs.append(dialog)
+        if not self.runners["probe"].busy:
+            self.runners["probe"].submit(probe_environment)
 
     def _on_environment(self, env: dict) -> None:
         self._environment = env
@@ -450,11 +457,40 @@ class MainWindow(QMainWindow):
         self.show_status(f"Exported {len(paths)} files")
         self.messages.info("Export finished", "Wrote:\n" + "\n".join(str(p) for p in paths))
 
-    def bench_dialog(self) -> None:
-        self.messages.info("Benchmark", "Benchmarking is not available in this build yet.")
+    def bench_dialog(self) -> BenchDialog:
+        """Benchmark settings (window-modal, non-blocking); the run starts when the dialog is accepted."""
+        loaded = self.session.loaded
+        devices = [tuple(d) for d in (self._environment or {}).get("devices", [])]
+        dialog = BenchDialog(loaded.profile.workload["batch_size"], self.budget.budget_bytes(), devices, self)
+        self._wants_environment(dialog)
+        dialog.accepted.connect(lambda: self.start_bench(dialog.settings))
+        dialog.open()
+        return dialog
 
-    def _on_bench(self, result) -> None:
-        self.show_status("Benchmark finished")
+    def start_bench(self, settings: dict) -> None:
+        """Run :func:`acstudio.bench.run_bench` on the open profile's workload in the background."""
+        out = self.data_dir / "bench" / datetime.now().strftime("%Y%m%d-%H%M%S")
+        workload = dict(self.session.loaded.profile.workload)
+        self.show_status(f"Benchmarking {', '.join(settings['configs'])} into {out}…")
+        self.runners["bench"].submit(partial(run_benchmark, workload, str(out), settings))
+
+    def _on_bench(self, results) -> None:
+        """Results table and plot; measured points (same batch as the profile) go on the Pareto chart."""
+        df = results.to_frame()
+        self.bench_results = results
+        self.show_status(f"Benchmark finished: {len(df)} measurements")
+        ok = df[(df["status"] == "ok") & (df["batch_size"] == self.session.loaded.profile.workload["batch_size"])]
+        captured = ok[ok["config"] == "captured"]
+        rewritten = ok[ok["kind"] == "rewritten"]
+        if len(captured) and len(rewritten):
+            base = float(captured["time_ms_median"].iloc[0])
+            extra = np.concatenate([[0.0], rewritten["time_ms_median"].to_numpy(float) - base])
+            peaks = np.concatenate([captured["peak_bytes"].to_numpy(float), rewritten["peak_bytes"].to_numpy(float)])
+            self.budget.set_measured(extra, peaks)
+        columns = [c for c in ("batch_size", "config", "status", "peak_mib", "time_ms_median", "time_ms_iqr",
+                               "overhead_pct", "memory_saving_pct", "message") if c in df.columns]
+        self.bench_window = TableDialog("Benchmark results", df[columns], ("peak_mib", "time_ms_median"), self)
+        self.bench_window.show()
 
     # -- jobs and status -------------------------------------------------------------------------------------
     def cancel_jobs(self) -> None:
@@ -521,6 +557,16 @@ class MainWindow(QMainWindow):
                 return True
             time.sleep(0.005)
         return False
+
+
+def run_benchmark(workload: dict, out_dir: str, settings: dict, progress=None, cancel=None):
+    """The benchmark job: every configuration in its own process (see :mod:`acstudio.bench`)."""
+    from acstudio.bench import run_bench
+    from acstudio.workload import WorkloadSpec
+
+    return run_bench(WorkloadSpec.from_dict(workload), settings["batch_sizes"], settings["configs"],
+                     device=settings["device"], out_dir=out_dir, progress=progress, cancel=cancel,
+                     fit_budget=settings["fit_budget"], warmup=settings["warmup"], iters=settings["iters"])
 
 
 def profile_and_prepare(spec: dict, device: str, path: str, progress=None, cancel=None) -> Loaded:

@@ -26,7 +26,7 @@ from acstudio.errors import ACStudioError, Cancelled
 from acstudio.jobs import CancelToken, ProgressFn, report
 
 MARK = "@acstudio "
-CANCEL_GRACE_S = 10.0  # how long a cancelled child may take to stop before it is killed
+CANCEL_GRACE_S = 2.0  # how long a cancelled child may take to stop (it checks every few nodes) before it is killed
 
 
 class ChildError(Exception):
