@@ -311,3 +311,27 @@ def test_plots_from_a_hand_made_results_file(tmp_path):
     assert sorted(p.name for p in paths) == ["memory_vs_overhead.png", "peak_vs_batch.png", "time_vs_batch.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_bench_measures_allocator_peaks(tmp_path):
+    spec = tiny_spec("bert", batch_size=8, seq_len=64)
+    results = run_bench(spec, [8], ["eager", "per-block", "captured"], device="cuda", out_dir=tmp_path, warmup=2,
+                        iters=5)
+    rows = {r["config"]: r for r in results.rows}
+    for r in rows.values():
+        assert r["status"] == "ok", r["message"]
+        assert r["environment"]["gpu"] == torch.cuda.get_device_name() and not r["environment"]["cudnn_benchmark"]
+        assert r["peak_bytes"] % 512 == 0 and r["peak_bytes"] > r["resident_bytes"] > 0
+    assert rows["per-block"]["peak_bytes"] < rows["eager"]["peak_bytes"]
+    assert rows["per-block"]["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-4)
+    # a real allocation failure on the device is a result, not a crash
+    (tmp_path / "huge.py").write_text(
+        "import torch\n"
+        "def loss(model, batch):\n"
+        "    return model(batch).sum() + torch.empty(2**45, device='cuda').sum()  # 128 TiB\n"
+        "def make(batch_size):\n"
+        "    return torch.nn.Linear(4, 4), torch.randn(batch_size, 4), loss\n")
+    oom = run_worker({**worker_cfg(WorkloadSpec(f"{tmp_path / 'huge.py'}:make", 2), "eager"), "device": "cuda"},
+                     tmp_path / "oom", timeout_s=120)
+    assert oom["status"] == "oom" and oom["message"].startswith("does not fit: CUDA out of memory")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from acstudio.bench.configs import BenchConfig
 from acstudio.errors import ACStudioError
 from acstudio.fileio import atomic_path, read_document, write_document
 
@@ -39,6 +40,18 @@ def parse_size(text: str) -> int:
     if str(text).strip().endswith("%"):
         raise ACStudioError(f"{text!r}: a memory budget for the batch-size search must be absolute, e.g. 16GiB")
     return parse_budget(text, 0)
+
+
+def base_row(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The identifying fields of a result row, before (or without) any measurement."""
+    config = BenchConfig.parse(cfg["config"])
+    spec = cfg["spec"]
+    return {
+        "config": config.name, "kind": config.kind, "arg": config.arg, "baseline": config.baseline,
+        "model": spec["model"], "batch_size": spec["batch_size"], "device": cfg["device"],
+        "iters": int(cfg["iters"]), "status": "ok", "message": "", "command": cfg.get("command", ""),
+        "spec": spec,
+    }
 
 
 def _pct(value: float | None, base: float | None) -> float | None:

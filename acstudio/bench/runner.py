@@ -26,8 +26,7 @@ import torch
 
 from acstudio import __version__
 from acstudio.bench.configs import BenchConfig, expand_configs
-from acstudio.bench.results import BenchResults, parse_size
-from acstudio.bench.worker import base_row
+from acstudio.bench.results import BenchResults, base_row, parse_size
 from acstudio.errors import ACStudioError, DeviceError
 from acstudio.fileio import write_text
 from acstudio.jobs import CancelToken, ProgressFn, check, report
@@ -106,7 +105,7 @@ def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: Can
     process is killed on cancellation, and :class:`~acstudio.errors.Cancelled` raised.
     """
     stem.parent.mkdir(parents=True, exist_ok=True)
-    cfg_path, log_path = stem.with_suffix(".json"), stem.with_suffix(".log")
+    cfg_path, log_path = stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.log"
     write_text(cfg_path, json.dumps(cfg, indent=1))
     deadline = time.monotonic() + timeout_s
     with open(log_path, "w", encoding="utf-8") as log:

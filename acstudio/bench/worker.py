@@ -32,6 +32,7 @@ from acstudio.bench.measure import (
     summarize_ms,
     time_steps,
 )
+from acstudio.bench.results import base_row
 from acstudio.bench.steps import prepare
 from acstudio.errors import DeviceError
 from acstudio.workload import WorkloadSpec
@@ -68,18 +69,6 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     times = time_steps(prepared.step, int(cfg["iters"]), dev)
     out.update(peak_bytes=peak, resident_bytes=resident, loss=float(loss), times_ms=times, **summarize_ms(times))
     return out
-
-
-def base_row(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The identifying fields of a result row, before (or without) any measurement."""
-    config = BenchConfig.parse(cfg["config"])
-    spec = cfg["spec"]
-    return {
-        "config": config.name, "kind": config.kind, "arg": config.arg, "baseline": config.baseline,
-        "model": spec["model"], "batch_size": spec["batch_size"], "device": cfg["device"],
-        "iters": int(cfg["iters"]), "status": "ok", "message": "", "command": cfg.get("command", ""),
-        "spec": spec,
-    }
 
 
 def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
