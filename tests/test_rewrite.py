@@ -39,9 +39,9 @@ def quick_profile(spec, step):
 
 
 @functools.cache
-def captured(model):
+def captured(model, optimizer="adam"):
     """(spec, workload, optimizer, captured step, profile), shared read-only by the tests of a session."""
-    spec = tiny_spec(model)
+    spec = tiny_spec(model, optimizer=optimizer)
     w = build_workload(spec)
     opt = w.make_optimizer()
     step = capture_step(w.model, opt, w.batch, w.loss_fn)
