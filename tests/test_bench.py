@@ -178,6 +178,7 @@ def test_run_bench_tiny_bert_on_cpu(bert_bench):
     frame = loaded.to_frame()
     assert list(frame["config"])[:3] == ["eager", "per-block", "captured"]
     assert frame.loc[1, "memory_saving_pct"] > 0
+    assert "| 4 | per-block | ok |" in (out / "summary.md").read_text()
     csv = (out / "bench.csv").read_text().splitlines()
     assert csv[0].startswith("model,batch_size,config,") and len(csv) == len(rows) + 1
     assert sorted(p.name for p in (out / "workers").glob("*.json"))[:3] == [

@@ -37,13 +37,16 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _batch_axis(ax, rows: list[dict[str, Any]]) -> None:
-    """Batch sizes are usually powers of two: a log2 axis with a tick at every measured size."""
-    sizes = sorted({r["batch_size"] for r in rows if r["status"] == "ok"})
-    if sizes:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(b) for b in sizes])
-        ax.minorticks_off()
+def _batch_axis(ax, rows: list[dict[str, Any]], swept: list[int]) -> None:
+    """A log2 batch axis, labelled at the swept sizes and powers of two (max-batch probes crowd it otherwise)."""
+    sizes = [r["batch_size"] for r in rows if r["status"] == "ok"]
+    if not sizes:
+        return
+    lo, hi = min(sizes), max(sizes)
+    ticks = sorted({b for b in swept if lo <= b <= hi} | {2**k for k in range(hi.bit_length()) if lo <= 2**k <= hi})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(b) for b in ticks])
+    ax.minorticks_off()
 
 
 def _by_config(rows: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
@@ -68,7 +71,7 @@ def plot_results(results_json: str | os.PathLike, out_dir: str | os.PathLike) ->
     if results.meta.get("fit_budget_bytes"):
         ax.axhline(results.meta["fit_budget_bytes"] / MiB, color="grey", linestyle="--",
                    label=f"budget {results.meta['fit_budget']}")
-    _batch_axis(ax, rows)
+    _batch_axis(ax, rows, results.meta.get("batch_sizes", []))
     ax.set(xlabel="batch size", ylabel="peak allocated (MiB)", title=f"Peak memory: {title}")
     paths.append(_save(fig, out / "peak_vs_batch.png"))
 
@@ -77,7 +80,7 @@ def plot_results(results_json: str | os.PathLike, out_dir: str | os.PathLike) ->
         median = [r["time_ms_median"] for r in rs]
         err = [[m - r["time_ms_q1"] for m, r in zip(median, rs)], [r["time_ms_q3"] - m for m, r in zip(median, rs)]]
         ax.errorbar([r["batch_size"] for r in rs], median, yerr=err, marker="o", capsize=3, label=name)
-    _batch_axis(ax, rows)
+    _batch_axis(ax, rows, results.meta.get("batch_sizes", []))
     ax.set(xlabel="batch size", ylabel="step time (ms), median and IQR", title=f"Step time: {title}")
     paths.append(_save(fig, out / "time_vs_batch.png"))
 

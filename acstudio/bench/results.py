@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from acstudio.bench.configs import BenchConfig
 from acstudio.errors import ACStudioError
-from acstudio.fileio import atomic_path, read_document, write_document
+from acstudio.fileio import atomic_path, read_document, write_document, write_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -24,6 +24,7 @@ SCHEMA = "acstudio.bench"
 SCHEMA_VERSION = 1
 JSON_NAME = "bench.json"
 CSV_NAME = "bench.csv"
+SUMMARY_NAME = "summary.md"
 MiB = 2**20
 
 # Columns of the CSV, in this order; ``details.*`` columns (configuration-specific) follow.
@@ -122,11 +123,12 @@ class BenchResults:
         return {"meta": self.meta, "rows": self.rows, "fits": self.fits}
 
     def save(self, out_dir: str | os.PathLike) -> tuple[Path, Path]:
-        """Write ``bench.json`` (everything, re-loadable) and ``bench.csv`` (flat table) atomically."""
+        """Write ``bench.json`` (everything, re-loadable), ``bench.csv`` (flat table) and ``summary.md``."""
         out = Path(out_dir)
         write_document(out / JSON_NAME, SCHEMA, SCHEMA_VERSION, self.to_dict())
         with atomic_path(out / CSV_NAME) as tmp:
             self.to_frame().to_csv(tmp, index=False)
+        write_text(out / SUMMARY_NAME, f"`{self.meta.get('command', '')}`\n\n{self.summary()}\n")
         return out / JSON_NAME, out / CSV_NAME
 
     @classmethod
