@@ -199,14 +199,22 @@ def test_rewritten_step_saves_memory_and_keeps_the_loss(bert_bench):
     assert len(list((out / "profiles").glob("bert_bs4_*.json.gz"))) == 1
 
 
-def test_worker_reads_stdin_and_prints_one_json_line(tmp_path):
-    (tmp_path / "tiny.py").write_text(
-        "import torch\n"
-        "def make(batch_size):\n"
-        "    print('chatty model code')  # must not end up on the worker's stdout\n"
-        "    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))\n"
-        "    return model, torch.randn(batch_size, 64), lambda m, b: m(b).square().mean()\n")
-    spec = WorkloadSpec(f"{tmp_path / 'tiny.py'}:make", batch_size=32, optimizer="sgd")
+TINY_MLP = (
+    "import torch\n"
+    "def make(batch_size):\n"
+    "    print('chatty model code')  # must not end up on the worker's stdout\n"
+    "    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))\n"
+    "    return model, torch.randn(batch_size, 64), lambda m, b: m(b).square().mean()\n")
+
+
+@pytest.fixture
+def tiny_mlp(tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY_MLP)
+    return WorkloadSpec(f"{tmp_path / 'tiny.py'}:make", batch_size=32, optimizer="sgd")
+
+
+def test_worker_reads_stdin_and_prints_one_json_line(tiny_mlp):
+    spec = tiny_mlp
     proc = subprocess.run([sys.executable, "-m", "acstudio.bench.worker"], input=json.dumps(worker_cfg(spec, "eager")),
                           capture_output=True, text=True, timeout=120, check=True)
     lines = proc.stdout.strip().splitlines()
@@ -264,10 +272,10 @@ def test_hanging_worker_times_out_and_cancel_kills_it(faulty, tmp_path):
     assert time.monotonic() - t0 < 10
 
 
-def test_compile_memory_budget_reaches_the_partitioner():
+def test_compile_memory_budget_reaches_the_partitioner(tiny_mlp):
     # aot_eager_decomp_partition runs the same min-cut partitioner as inductor, without compiling C++. The
     # worker sets the ratio process-wide (it owns its process); here it is restored afterwards.
-    cfg = worker_cfg(tiny_spec("bert", batch_size=2), "compile@0.5", compile_backend="aot_eager_decomp_partition")
+    cfg = worker_cfg(tiny_mlp, "compile@0.5", compile_backend="aot_eager_decomp_partition")
     with torch._functorch.config.patch(activation_memory_budget=1.0):
         r = run_config(cfg)
     torch._dynamo.reset()
