@@ -214,8 +214,8 @@ def tiny_mlp(tmp_path):
 
 
 def test_worker_reads_stdin_and_prints_one_json_line(tiny_mlp):
-    spec = tiny_mlp
-    proc = subprocess.run([sys.executable, "-m", "acstudio.bench.worker"], input=json.dumps(worker_cfg(spec, "eager")),
+    cfg = json.dumps(worker_cfg(tiny_mlp, "eager"))
+    proc = subprocess.run([sys.executable, "-m", "acstudio.bench.worker"], input=cfg,
                           capture_output=True, text=True, timeout=120, check=True)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and "chatty model code" in proc.stderr
