@@ -7,6 +7,7 @@ clear line and exit with status 2, Ctrl-C cancels cleanly with status 130.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 
@@ -135,6 +136,71 @@ def cmd_plan(args) -> int:
     return 0 if result.feasible else 1
 
 
+def _load_profile_and_plan(args):
+    from acstudio.plan.model import Plan
+    from acstudio.profile.model import Profile
+
+    profile = Profile.load(args.profile)
+    return profile, Plan.load(args.plan, profile=profile)
+
+
+def cmd_verify(args) -> int:
+    import json
+
+    from acstudio.fileio import write_text
+    from acstudio.rewrite.verify import verify
+
+    profile, plan = _load_profile_and_plan(args)
+    result = verify(profile, plan, args.device, progress=TerminalProgress(), cancel=args.cancel)
+    print(result.summary())
+    if args.json:
+        write_text(args.json, json.dumps(result.to_dict(), indent=1))
+    return 0 if result.passed else 1
+
+
+def cmd_export(args) -> int:
+    from acstudio.export.exporter import export
+
+    profile, plan = _load_profile_and_plan(args)
+    for path in export(profile, plan, args.out, progress=TerminalProgress()):
+        print(f"wrote {path}")
+    print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ACStudioError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values:
+        raise ACStudioError("give at least one batch size")
+    return values
+
+
+def cmd_bench(args) -> int:
+    from acstudio.bench import run_bench
+
+    args.batch_size = 1
+    spec = dataclasses.replace(_spec(args), seed=args.seed)
+    results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
+                        [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
+                        progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
+                        warmup=args.warmup, iters=args.iters, max_batch=args.max_batch, timeout_s=args.timeout,
+                        compile_backend=args.compile_backend)
+    print(results.summary())
+    print(f"results in {args.out} (bench.json, bench.csv, summary.md); plots: acstudio bench-plot {args.out}")
+    return 0
+
+
+def cmd_bench_plot(args) -> int:
+    from acstudio.bench import plot_results
+
+    for path in plot_results(args.results, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acstudio",
@@ -165,6 +231,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")
     p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")
+    p.add_argument("profile")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu); on cuda also measures peaks")
+    p.add_argument("--json", metavar="FILE", help="also write the full result as JSON")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("export", help="write the rewritten step as a drop-in module, schedule and report")
+    p.add_argument("profile")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--out", "-o", required=True, help="output folder (replaced as a whole)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("bench", help="benchmark eager, per-block checkpointing, compile and the rewritten step")
+    p.add_argument("model", help="zoo name or path/to/file.py:factory")
+    p.add_argument("--batch-size", "-b", dest="batch_sizes", required=True, help="comma-separated, e.g. 32,64,128")
+    p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--configs", default="eager,per-block,captured,rewritten",
+                   help="comma-separated: eager, captured, per-block, compile, compile@R, rewritten, rewritten@B")
+    p.add_argument("--budgets", default="60%", help="budgets for a bare `rewritten` (comma-separated)")
+    p.add_argument("--fit-budget", help="also search the largest batch whose peak fits this size (e.g. 6GiB)")
+    p.add_argument("--max-batch", type=int, default=4096)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration process")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--out", "-o", default="bench_results")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("bench-plot", help="plot bench results (peak/time vs batch, memory vs overhead)")
+    p.add_argument("results", help="bench.json or the folder holding it")
+    p.add_argument("--out", "-o", required=True)
+    p.set_defaults(func=cmd_bench_plot)
     return parser
 
 
