@@ -104,6 +104,11 @@ def wait_plan(qtbot, w, timeout=30_000):
     qtbot.waitUntil(lambda: w.session.state is not None and w.session.state.complete, timeout=timeout)
 
 
+def slide_to_floor(qtbot, w):
+    w.budget.slider.setValue(0)
+    qtbot.waitUntil(lambda: w.session.state.plan.budget_bytes == w.session.floor_bytes and w.session.state.complete)
+
+
 def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
     path = default_profile_path()
     if path is None:
@@ -114,8 +119,8 @@ def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
     assert loaded.profile.environment["device_type"] == "cuda"
     # the window opens on a mid budget: between floor and baseline, and the plan meets it
     state = window.session.state
-    assert window.session.floor_bytes < state.budget < window.session.baseline_bytes
-    assert state.feasible and state.peak_bytes <= state.budget
+    assert window.session.floor_bytes < state.plan.budget_bytes < window.session.baseline_bytes
+    assert state.plan.feasible and state.plan.predicted_peak_bytes <= state.plan.budget_bytes
     # ~7k nodes collapse into a navigable number of boxes
     assert 10 <= len(window.graph.view.items) <= 80
     assert window.windowTitle().startswith("AC Studio – resnet152 bs64")
@@ -139,18 +144,18 @@ def test_slider_changes_plan_timeline_graph_and_table(qtbot, window, tiny_profil
     assert session.floor_bytes < session.baseline_bytes, "the test model must leave room for checkpointing"
 
     window.budget.slider.setValue(window.budget.slider.maximum())
-    qtbot.waitUntil(lambda: session.state.budget == session.baseline_bytes and session.state.complete)
+    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == session.baseline_bytes and session.state.complete)
     # no checkpointing: the simulated timeline is the measured one and nothing is recomputed
     total = window.timeline.stacked_total()
     np.testing.assert_allclose(total, [n.mem_peak for n in profile.nodes], rtol=1e-9)
-    assert session.state.recomputed == []
+    assert session.state.plan.recomputed == []
     keep_colour = {it.key: window.graph.box_colour(it.key).name() for it in window.graph.view.items}
 
     window.budget.slider.setValue(0)  # down to the floor
-    qtbot.waitUntil(lambda: session.state.budget == session.floor_bytes and session.state.complete)
+    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == session.floor_bytes and session.state.complete)
     state = session.state
-    assert state.recomputed and state.feasible
-    assert state.plan.recomputed == state.recomputed
+    assert state.plan.recomputed and state.plan.feasible
+    assert state.plan.predicted_peak_bytes == state.sim.peak_bytes
     # the timeline shows the new plan: its top is the simulated peak, below the baseline
     total = window.timeline.stacked_total()
     assert total.max() == pytest.approx(state.sim.peak_bytes, rel=1e-9)
@@ -163,7 +168,7 @@ def test_slider_changes_plan_timeline_graph_and_table(qtbot, window, tiny_profil
     assert shown == expected
     # some box changed colour, and the budget labels follow the plan
     assert any(window.graph.box_colour(k).name() != c for k, c in keep_colour.items())
-    assert window.budget.peak_label.text() == fmt_bytes(state.peak_bytes)
+    assert window.budget.peak_label.text() == fmt_bytes(state.plan.predicted_peak_bytes)
     assert window.timeline.budget_line.value() == pytest.approx(session.floor_bytes / 2**30)
 
 
@@ -172,17 +177,18 @@ def test_budget_line_drag_moves_slider_and_plans(qtbot, window, tiny_profile_pat
     session = window.session
     target = (session.floor_bytes * 3 + session.baseline_bytes) // 4
     window.timeline.budget_line.setValue(target / 2**30)  # what a drag does
-    qtbot.waitUntil(lambda: abs(session.state.budget - target) <= (session.baseline_bytes - session.floor_bytes) / 500)
-    assert abs(window.budget.budget_bytes() - target) <= (session.baseline_bytes - session.floor_bytes) / 500
+    tolerance = (session.baseline_bytes - session.floor_bytes) / 500  # one slider step
+    qtbot.waitUntil(lambda: abs(session.state.plan.budget_bytes - target) <= tolerance)
+    assert abs(window.budget.budget_bytes() - target) <= tolerance
 
 
 def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
     open_and_wait(qtbot, window, tiny_profile_path)
     window.budget.solver.setCurrentText("recompute-all")
-    qtbot.waitUntil(lambda: window.session.state.solver == "recompute-all" and window.session.state.complete)
+    qtbot.waitUntil(lambda: window.session.state.plan.solver == "recompute-all" and window.session.state.complete)
     state = window.session.state
     candidates = len(window.session.loaded.profile.activations) - len(window.session.loaded.template.excluded)
-    assert len(state.recomputed) == candidates
+    assert len(state.plan.recomputed) == candidates
     qtbot.waitUntil(lambda: "recompute-all" in window.budget.others, timeout=30_000)
 
 
@@ -203,8 +209,7 @@ def test_selection_is_shared_by_timeline_graph_and_table(qtbot, window, tiny_pro
 
 def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile_path, tmp_path):
     open_and_wait(qtbot, window, tiny_profile_path)
-    window.budget.slider.setValue(0)
-    qtbot.waitUntil(lambda: window.session.state.budget == window.session.floor_bytes and window.session.state.complete)
+    slide_to_floor(qtbot, window)
     saved = window.session.state.plan
     path = tmp_path / "plan.json.gz"
     window.save_plan(str(path))
@@ -212,9 +217,9 @@ def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile
     assert loaded.recomputed == saved.recomputed and loaded.predicted_peak_bytes == saved.predicted_peak_bytes
     # back to the top, then open the plan file: the window shows that plan again
     window.budget.slider.setValue(window.budget.slider.maximum())
-    qtbot.waitUntil(lambda: window.session.state.recomputed == [] and window.session.state.complete)
+    qtbot.waitUntil(lambda: window.session.state.plan.recomputed == [] and window.session.state.complete)
     window.open_path(str(path))
-    qtbot.waitUntil(lambda: window.session.state.recomputed == saved.recomputed and window.session.state.complete)
+    qtbot.waitUntil(lambda: window.session.state.plan.recomputed == saved.recomputed and window.session.state.complete)
     assert window.budget.budget_bytes() == pytest.approx(saved.budget_bytes, abs=window.session.baseline_bytes / 500)
     assert str(path) in window._recent()
 
@@ -229,8 +234,7 @@ def test_export_writes_files_that_load_back(qtbot, window, tiny_profile_path, tm
     from acstudio.workload.spec import make_optimizer
 
     open_and_wait(qtbot, window, tiny_profile_path)
-    window.budget.slider.setValue(0)
-    qtbot.waitUntil(lambda: window.session.state.budget == window.session.floor_bytes and window.session.state.complete)
+    slide_to_floor(qtbot, window)
     plan = window.session.state.plan
     out = tmp_path / "export"
     with qtbot.waitSignal(window.runners["export"].resultReady, timeout=60_000) as blocker:
@@ -279,7 +283,7 @@ def test_bad_files_show_an_error_and_keep_what_is_loaded(qtbot, window, tiny_pro
     assert window.session.loaded is before
     if before is not None:  # still usable: the slider still plans
         window.budget.slider.setValue(0)
-        qtbot.waitUntil(lambda: window.session.state.budget == window.session.floor_bytes)
+        qtbot.waitUntil(lambda: window.session.state.plan.budget_bytes == window.session.floor_bytes)
 
 
 def test_new_profile_runs_in_background_stays_responsive_and_opens(qtbot, window, factory_ref):
@@ -323,12 +327,12 @@ def test_profiling_can_be_cancelled_without_losing_the_open_profile(qtbot, windo
 def test_closing_while_profiling_cancels_and_joins_the_worker(qtbot, window, factory_ref):
     runner = window.runners["profile"]
     window.start_profile(WorkloadSpec(factory_ref, batch_size=8).to_dict(), "cpu")
-    qtbot.waitUntil(lambda: bool(child_processes("acstudio.gui.profile_process")), timeout=10_000)
+    qtbot.waitUntil(lambda: bool(child_processes("acstudio.gui.child")), timeout=10_000)
     t0 = time.monotonic()
     window.close()
     assert time.monotonic() - t0 < 15
     assert runner._thread.isFinished()
-    assert not child_processes("acstudio.gui.profile_process")
+    assert not child_processes("acstudio.gui.child")
 
 
 def child_processes(text: str) -> list[int]:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from acstudio.gui.timeline import cache_pixmaps
 from acstudio.plan.budget import format_bytes
 
 GIB = float(2**30)
@@ -74,7 +75,7 @@ class BudgetPanel(QWidget):
         item.showGrid(x=True, y=True, alpha=0.3)
         for axis in ("left", "bottom"):
             item.getAxis(axis).enableAutoSIPrefix(False)
-        item.addLegend(offset=(-10, 10), labelTextSize="7pt")
+        legend = item.addLegend(offset=(-10, 10), labelTextSize="7pt", labelTextColor=(30, 30, 30))
         self.curve = item.plot([], [], pen=pg.mkPen((70, 130, 220), width=2), name="μ-TWO", stepMode=None)
         self.others: dict[str, pg.PlotDataItem] = {}
         self.measured = pg.ScatterPlotItem(size=9, symbol="s", brush=pg.mkBrush(0, 160, 160),
@@ -83,6 +84,7 @@ class BudgetPanel(QWidget):
         self.current = pg.ScatterPlotItem(size=13, symbol="o", brush=pg.mkBrush(220, 30, 30), pen=pg.mkPen("k"))
         self.current.setZValue(10)
         item.addItem(self.current)
+        cache_pixmaps(self.curve.curve, self.measured, item.getAxis("left"), item.getAxis("bottom"), legend)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.pareto, 1)
@@ -176,6 +178,7 @@ class BudgetPanel(QWidget):
             r, g, b = SOLVER_COLOURS[len(self.others) % len(SOLVER_COLOURS)]
             curve = self.pareto.getPlotItem().plot([], [], pen=pg.mkPen((r, g, b), width=1), symbol="o",
                                                    symbolSize=5, symbolBrush=(r, g, b), name=solver)
+            cache_pixmaps(curve.curve, curve.scatter)
             self.others[solver] = curve
         order = np.argsort(extra_ms)
         curve.setData(np.asarray(extra_ms, dtype=float)[order], np.asarray(peak_bytes, dtype=float)[order] / GIB)

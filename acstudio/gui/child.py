@@ -1,13 +1,15 @@
-"""Profiling in a child process, driven from a GUI worker thread.
+"""Long engine calls in child processes, driven from GUI worker threads: profiling, the environment probe, and
+the other solvers' sweep.
 
 Building, tracing and measuring a model holds the GIL for long stretches (loading torch's libraries,
-``make_fx`` tracing: ~0.2 s at a time), which would freeze the window if done in a thread of the GUI
-process. A child process also frees every byte of GPU memory when it ends, can be killed if it stops
-answering a cancel, and cannot take the window down with it if the model crashes.
+``make_fx`` tracing: ~0.2 s at a time), and so does a pure-Python planner; in a thread of the GUI process
+either would stall the window. A child process runs on another core, frees every byte of GPU memory when it
+ends, can be killed if it stops answering a cancel, and cannot take the window down if the model crashes.
 
-Protocol: the parent writes the workload spec as one JSON line on the child's stdin, then ``cancel`` lines
-to cancel. The child answers with lines ``@acstudio {json}`` on stdout (``progress``, then one of ``done``,
-``cancelled``, ``error``); any other output (the user's model may print) is ignored. No Qt in here.
+Protocol: ``python -m acstudio.gui.child COMMAND ARGS``; for ``profile`` the parent writes the workload spec as
+one JSON line on stdin, then ``cancel`` to cancel. The child answers with lines ``@acstudio {json}`` on stdout
+(``progress``, then one of ``done``, ``cancelled``, ``error``); any other output (the user's model may print)
+is ignored. No Qt in here.
 """
 
 from __future__ import annotations
@@ -60,15 +62,13 @@ def _watch_stdin(token: CancelToken) -> None:
 
 
 def child_main(argv: list[str]) -> int:
-    """``python -m acstudio.gui.profile_process DEVICE OUT`` (spec on stdin) or ``--list``."""
-    if argv == ["--list"]:
-        from acstudio.workload import list_models
-        from acstudio.workload.spec import OPTIMIZERS, PRECISIONS
-
-        _emit({"models": list_models(), "devices": cuda_devices(), "optimizers": list(OPTIMIZERS),
-               "precisions": list(PRECISIONS)})
-        return 0
-    device, out = argv
+    """``profile DEVICE OUT`` (spec on stdin), ``list`` or ``sweep PROFILE``."""
+    command, args = argv[0], argv[1:]
+    if command == "sweep":
+        return _run(lambda: {"rows": _sweep_rows(args[0])})
+    if command == "list":
+        return _run(_environment)
+    device, out = args
     from acstudio.profile.profiler import profile_workload
     from acstudio.workload import WorkloadSpec
 
@@ -92,9 +92,43 @@ def child_main(argv: list[str]) -> int:
     return 0
 
 
+def _environment() -> dict[str, Any]:
+    from acstudio.workload import list_models
+    from acstudio.workload.spec import OPTIMIZERS, PRECISIONS
+
+    return {"models": list_models(), "devices": cuda_devices(), "optimizers": list(OPTIMIZERS),
+            "precisions": list(PRECISIONS)}
+
+
+def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
+    """Every solver but μ-TWO (whose curve the window already has), as JSON-ready rows."""
+    import math
+
+    from acstudio.plan.mutwo import SOLVERS, sweep
+    from acstudio.profile.model import Profile
+
+    df = sweep(Profile.load(profile_path), [s for s in SOLVERS if s != "mutwo"])
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in df.to_dict(orient="records")]
+
+
+def _run(fn) -> int:
+    """Emit ``{"done": fn()}`` or the error, for the commands without progress or cancel."""
+    try:
+        result = fn()
+    except ACStudioError as exc:
+        _emit({"error": str(exc)})
+        return 2
+    except Exception as exc:
+        _emit({"error": f"{type(exc).__name__}: {exc}", "details": traceback.format_exc()})
+        return 1
+    _emit({"done": result})
+    return 0
+
+
 def _start(args: list[str]) -> tuple[subprocess.Popen, queue.Queue]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "acstudio.gui.profile_process", *args], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "acstudio.gui.child", *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     lines: queue.Queue = queue.Queue()
 
@@ -155,7 +189,7 @@ def profile_in_child(spec: dict[str, Any], device: str, out: str, progress: Prog
                      cancel: CancelToken | None = None) -> None:
     """Profile the workload ``spec`` (``WorkloadSpec.to_dict()``) on ``device`` in a child process that saves
     the profile to ``out``."""
-    proc, lines = _start([device, out])
+    proc, lines = _start(["profile", device, out])
     log: list[str] = []
     received: list[dict[str, Any]] = []
     try:
@@ -173,20 +207,31 @@ def profile_in_child(spec: dict[str, Any], device: str, out: str, progress: Prog
             proc.wait()
 
 
-def probe_environment(progress: ProgressFn | None = None, cancel: CancelToken | None = None) -> dict[str, Any]:
-    """Model names, CUDA devices, optimizers and precisions, found in a child process so that the window never
-    loads torch itself."""
-    proc, lines = _start(["--list"])
+def _call(args: list[str], cancel: CancelToken | None) -> Any:
+    """Run a child command that needs no input; return what it reported as done."""
+    proc, lines = _start(args)
     log: list[str] = []
     try:
         proc.stdin.close()
-        received = list(_messages(proc, lines, cancel, log))
-        return _finish(proc, received, log)
+        return _finish(proc, list(_messages(proc, lines, cancel, log)), log)["done"]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
+def probe_environment(progress: ProgressFn | None = None, cancel: CancelToken | None = None) -> dict[str, Any]:
+    """Model names, CUDA devices, optimizers and precisions, found in a child process so that the window never
+    loads torch itself."""
+    return _call(["list"], cancel)
+
+
+def sweep_in_child(profile_path: str, progress: ProgressFn | None = None,
+                   cancel: CancelToken | None = None) -> list[dict[str, Any]]:
+    """The other solvers' operating points (rows of :func:`acstudio.plan.sweep`), computed in a child process."""
+    return _call(["sweep", str(profile_path)], cancel)["rows"]
+
+
 if __name__ == "__main__":
     raise SystemExit(child_main(sys.argv[1:]))
+

@@ -16,6 +16,7 @@ import numpy as np
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
+    QGraphicsItem,
     QGraphicsPathItem,
     QGraphicsRectItem,
     QGraphicsScene,
@@ -222,6 +223,7 @@ class GraphView(QWidget):
         path_item = QGraphicsPathItem(edges)
         path_item.setPen(QPen(QColor(120, 120, 120, 150), 0.8))
         path_item.setZValue(-1)
+        path_item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)  # the edges never change colour
         self.scene.addItem(path_item)
         for item, (x, y, w, h) in zip(self.view.items, self.layout.boxes):
             box = QGraphicsRectItem(QRectF(x, y, w, h))

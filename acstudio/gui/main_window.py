@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from PySide6.QtCore import QSettings, QStandardPaths, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
@@ -33,13 +34,13 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.budget_panel import BudgetPanel
+from acstudio.gui.child import probe_environment, profile_in_child, sweep_in_child
 from acstudio.gui.dialogs import BenchDialog, Messages, NewProfileDialog, TableDialog
 from acstudio.gui.graph_view import GraphView
 from acstudio.gui.jobs import JobRunner
 from acstudio.gui.models import ID_ROLE, DataFrameModel, FilterProxy, fmt_bytes, fmt_int, fmt_ms, fmt_ratio
-from acstudio.gui.profile_process import probe_environment, profile_in_child
 from acstudio.gui.qtcompat import make_singletons_immortal
-from acstudio.gui.session import Loaded, PlanState, Session, open_document, other_solvers, prepare
+from acstudio.gui.session import Loaded, PlanState, Session, open_document, prepare
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
@@ -47,6 +48,7 @@ from acstudio.plan.mutwo import SOLVERS
 from acstudio.profile.model import Profile
 
 MAX_RECENT = 8
+USER_JOBS = ("load", "profile", "export", "bench")  # shown with a progress bar and Cancel
 FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
 TABLE_FORMATS = {"bytes": fmt_bytes, "inactive_ms": fmt_ms, "recompute_ms": fmt_ms, "ratio": fmt_ratio,
                  "step": fmt_int, "replay_nodes": fmt_int}
@@ -78,6 +80,7 @@ class MainWindow(QMainWindow):
         self.session = Session(self)
         self.session.loadedChanged.connect(self._on_loaded)
         self.session.planChanged.connect(self._on_plan)
+        self.session.simulated.connect(self._on_simulated)
         self.session.selectionChanged.connect(self._on_selection)
         self.session.failed.connect(lambda msg, details: self._error("Planning failed", msg, details))
 
@@ -191,7 +194,7 @@ class MainWindow(QMainWindow):
         return action
 
     def _update_actions(self) -> None:
-        has_plan = self.session.state is not None and self.session.state.plan is not None
+        has_plan = self.session.state is not None
         for action in (self.save_plan_action, self.export_action):
             action.setEnabled(has_plan)
         self.bench_action.setEnabled(self.session.loaded is not None)
@@ -211,7 +214,10 @@ class MainWindow(QMainWindow):
     def _on_opened(self, result: Loaded | Plan) -> None:
         self._remember(self._opening)
         if isinstance(result, Plan):
-            self.session.set_plan(result)
+            self.session.show(result)
+            self.budget.solver.blockSignals(True)
+            self.budget.solver.setCurrentText(result.solver)
+            self.budget.solver.blockSignals(False)
             self.budget.set_budget(result.budget_bytes)
             self.timeline.set_budget(result.budget_bytes)
             self.show_status(f"Plan {Path(self._opening).name}: {result.solver}, "
@@ -312,7 +318,7 @@ class MainWindow(QMainWindow):
         self.budget.solver.setCurrentText("mutwo")
         self.inspector.setHtml(self._profile_html(loaded))
         self.set_budget(top if floor >= top else (floor + top) // 2)
-        self.runners["sweep"].submit(partial(other_solvers, profile))
+        self.runners["sweep"].submit(partial(sweep_in_child, loaded.path))
         self._update_actions()
         self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} "
                          f"activations; peak {format_bytes(top)}, floor {format_bytes(floor)}")
@@ -334,8 +340,9 @@ class MainWindow(QMainWindow):
         if self.session.loaded is not None:
             self.set_budget(self.budget.budget_bytes())
 
-    def _on_sweep(self, df) -> None:
+    def _on_sweep(self, rows: list[dict]) -> None:
         """Other solvers' operating points on the Pareto chart (rows without a peak are notes, e.g. skipped)."""
+        df = pd.DataFrame(rows)
         if "peak_bytes" not in df.columns:
             return
         for solver, rows in df.dropna(subset=["peak_bytes", "extra_ms"]).groupby("solver"):
@@ -345,21 +352,23 @@ class MainWindow(QMainWindow):
             self.show_status(f"{row['solver']}: {row['note']}")
 
     def _on_plan(self, state: PlanState) -> None:
-        t0 = time.perf_counter()
         loaded = self.session.loaded
         candidates = len(loaded.profile.activations) - len(loaded.template.excluded)
-        self.budget.show_prediction(state.peak_bytes, state.extra_ms, loaded.profile.iteration_ms,
-                                    len(state.recomputed), candidates, state.feasible, state.stop_reason)
-        self.budget.set_current(state.extra_ms, state.peak_bytes)
+        plan = state.plan
+        self.budget.show_prediction(plan.predicted_peak_bytes, plan.predicted_extra_ms, loaded.profile.iteration_ms,
+                                    len(plan.recomputed), candidates, plan.feasible, plan.stop_reason)
+        self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)
         self.graph.recolour(self.session.graph_decisions(state))
         self.table_model.set_columns(self.session.table_columns(state))
         if state.sim is not None:
-            pos = loaded.profile.node_index.get(state.sim.peak_node, -1)
-            self.timeline.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
+            self._on_simulated(state)
         if self.session.selected:
             self.inspector.setHtml(self._node_html(self.session.selected))
         self._update_actions()
-        self.last_update_ms = (time.perf_counter() - t0) * 1e3
+
+    def _on_simulated(self, state: PlanState) -> None:
+        pos = self.session.loaded.profile.node_index.get(state.sim.peak_node, -1)
+        self.timeline.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
 
     def _on_selection(self, node_id: str) -> None:
         self.graph.select_node(node_id)
@@ -404,7 +413,7 @@ class MainWindow(QMainWindow):
                 ("memory after", format_bytes(n.mem_after)), ("memory peak", format_bytes(n.mem_peak)),
                 ("replay", n.replay)]
         state = self.session.state
-        entries = {e.activation: e for e in state.plan.schedule} if state and state.plan else {}
+        entries = {e.activation: e for e in state.plan.schedule} if state else {}
         for a in loaded.profile.activations:
             if a.created_at != node_id:
                 continue
@@ -417,7 +426,7 @@ class MainWindow(QMainWindow):
                 rows += [("recomputed before", entry.recompute_before), ("sources", " ".join(entry.sources) or "–"),
                          ("replays", f"{len(entry.replay)} nodes, {entry.recompute_ms:.3f} ms"),
                          ("ratio", f"{entry.ratio / 2**20:.2f} MiB/ms")]
-        if state and state.plan:
+        if state:
             inserted = [e.activation for e in state.plan.schedule if e.recompute_before == node_id]
             if inserted:
                 rows.append(("recomputes before it", " ".join(inserted)))
@@ -494,16 +503,19 @@ class MainWindow(QMainWindow):
 
     # -- jobs and status -------------------------------------------------------------------------------------
     def cancel_jobs(self) -> None:
-        for runner in self.runners.values():
-            runner.cancel()
+        for name in USER_JOBS:
+            self.runners[name].cancel()
 
     def _on_progress(self, name: str, done: int, total: int, message: str) -> None:
+        if name not in USER_JOBS:
+            return
         self.progress.setRange(0, max(total, 1))
         self.progress.setValue(min(done, max(total, 1)))
         self.show_status(f"{name}: {message}")
 
     def _update_busy(self, _busy: bool = False) -> None:
-        busy = any(r.busy for r in self.runners.values())
+        """Progress bar and Cancel for the jobs the user started; the background look-ups stay quiet."""
+        busy = any(self.runners[name].busy for name in USER_JOBS)
         self.progress.setVisible(busy)
         self.cancel_button.setVisible(busy)
         if busy:

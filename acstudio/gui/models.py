@@ -70,13 +70,18 @@ class DataFrameModel(QAbstractTableModel):
         self.endResetModel()
 
     def set_columns(self, values: dict[str, list[Any]]) -> None:
-        """Replace whole columns (same row order), repainting only those columns."""
+        """Replace whole columns (same row order); one ``dataChanged`` covers them all."""
+        changed = []
         for name, col in values.items():
             c = self._columns.index(name)
-            self._raw[c] = list(col)
-            self._text[c] = self._format(name, self._raw[c])
-            if self._ids:
-                self.dataChanged.emit(self.index(0, c), self.index(len(self._ids) - 1, c))
+            col = list(col)
+            if col == self._raw[c]:
+                continue
+            self._raw[c] = col
+            self._text[c] = self._format(name, col)
+            changed.append(c)
+        if changed and self._ids:
+            self.dataChanged.emit(self.index(0, min(changed)), self.index(len(self._ids) - 1, max(changed)))
 
     def _format(self, name: str, values: list[Any]) -> list[str]:
         fmt = self._formats.get(name)

@@ -11,9 +11,8 @@ Views never call the engine; they listen to the session. A budget change is answ
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -26,11 +25,11 @@ from acstudio.gui.graph_view import Decisions
 from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, SOLVERS, Trajectory, mutwo_trajectory, plan, sweep
+from acstudio.plan.mutwo import Trajectory, mutwo_trajectory, plan
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import SimResult, Simulator
 
-CACHE_STEPS = 64  # full plans + timelines kept (one timeline of a 13k-node graph is ~0.6 MB)
+CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
 TABLE_PLAN_COLUMNS = ("decision", "why", "step", "sources", "replay_nodes", "recompute_ms", "ratio")
 
 
@@ -52,24 +51,15 @@ class Loaded:
 
 @dataclass
 class PlanState:
-    """The current plan. ``plan`` and ``sim`` are ``None`` until the background job has produced them."""
+    """The current plan, its decision per activation, and its simulated timeline (``None`` until computed)."""
 
-    solver: str
-    budget: int
-    step: int | None
-    recomputed: list[str]
-    peak_bytes: int
-    peak_node: str
-    extra_ms: float
-    feasible: bool
-    stop_reason: str
-    plan: Plan | None = None
-    sim: SimResult | None = None
-    decisions: dict[str, str] = field(default_factory=dict)
+    plan: Plan
+    sim: SimResult | None
+    decisions: dict[str, str]
 
     @property
     def complete(self) -> bool:
-        return self.plan is not None and self.sim is not None
+        return self.sim is not None
 
 
 def activation_table(profile: Profile) -> pd.DataFrame:
@@ -102,8 +92,7 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     check(cancel)
     trajectory = mutwo_trajectory(profile, simulator, progress=progress, cancel=cancel)
     report(progress, 2, 3, "grouping the graph")
-    template = trajectory.plan_at(0, simulator.baseline_peak, BASELINE_FITS)
-    trajectory.plan_at(len(trajectory.steps) - 1, simulator.baseline_peak, BUDGET_MET)  # warms the planner's caches
+    template = trajectory.plan_for_budget(simulator.baseline_peak)
     tree = ModuleTree(profile)
     index = profile.node_index
     act_node = np.array([index[a.created_at] for a in profile.activations], dtype=np.int64)
@@ -130,12 +119,6 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
     return prepare(profile, path, progress, cancel)
 
 
-def full_plan(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult]:
-    plan = loaded.trajectory.plan_for_budget(budget)
-    check(cancel)
-    return plan, loaded.simulator.simulate(plan.recomputed)
-
-
 def simulate_plan(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
     return plan, loaded.simulator.simulate(plan.recomputed)
 
@@ -146,19 +129,12 @@ def solver_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=
     return result, loaded.simulator.simulate(result.recomputed)
 
 
-def other_solvers(profile: Profile, progress=None, cancel=None) -> pd.DataFrame:
-    """Operating points of every solver but μ-TWO (whose curve the trajectory already is), for the Pareto chart.
-
-    Runs on its own simulator: the session's one is in use by the plan thread at the same time.
-    """
-    return sweep(profile, [s for s in SOLVERS if s != "mutwo"], progress=progress, cancel=cancel)
-
-
 class Session(QObject):
     """Current profile and plan. ``planChanged`` fires on the quick answer and again when it is complete."""
 
     loadedChanged = Signal(object)  # Loaded
-    planChanged = Signal(object)  # PlanState
+    planChanged = Signal(object)  # PlanState: a new current plan (with its timeline if cached)
+    simulated = Signal(object)  # PlanState: the current plan's timeline has arrived
     selectionChanged = Signal(str)  # node id
     failed = Signal(str, str)
 
@@ -169,10 +145,9 @@ class Session(QObject):
         self.solver = "mutwo"
         self.selected = ""
         self.plan_runner = JobRunner("plan", self)
-        self.plan_runner.resultReady.connect(self._on_full_plan)
+        self.plan_runner.resultReady.connect(self._on_simulated)
         self.plan_runner.failed.connect(self.failed)
-        self._cache: OrderedDict[int, tuple[Plan, SimResult]] = OrderedDict()
-        self._pending_step: int | None = None
+        self._cache: OrderedDict[tuple[str, tuple[str, ...]], SimResult] = OrderedDict()
 
     # -- profile ---------------------------------------------------------------------------------------------
     def set_loaded(self, loaded: Loaded) -> None:
@@ -193,71 +168,40 @@ class Session(QObject):
 
     # -- plans -----------------------------------------------------------------------------------------------
     def set_budget(self, budget: int) -> PlanState | None:
-        """Quick plan for ``budget`` from the trajectory now; the full plan follows through ``planChanged``.
-
-        Other solvers than μ-TWO plan from scratch in the background; their plan arrives only there.
-        """
+        """Plan for ``budget``: μ-TWO's is read off the trajectory at once (its timeline follows through a second
+        ``planChanged``); other solvers plan from scratch in the background and report only then."""
         loaded = self.loaded
         if self.solver != "mutwo":
-            self._pending_step = None
             self.plan_runner.submit(partial(solver_plan, loaded, budget, self.solver))
             return None
-        traj = loaded.trajectory
-        j = traj.step_for_budget(budget)
-        feasible = j is not None
-        if j is None:
-            j = int(np.argmin([s.simulated_peak_bytes for s in traj.steps]))
-        step = traj.steps[j]
-        recomputed = [s.activation for s in traj.steps[1:j + 1]]
-        reason = (BASELINE_FITS if j == 0 else BUDGET_MET) if feasible else traj.stop_reason
-        quick = dataclasses.replace(loaded.template, recomputed=recomputed, budget_bytes=budget)
-        state = PlanState(solver="mutwo", budget=budget, step=j, recomputed=recomputed,
-                          peak_bytes=step.simulated_peak_bytes, peak_node=step.predicted_peak_node,
-                          extra_ms=step.extra_ms, feasible=feasible, stop_reason=reason,
-                          decisions=quick.decisions(loaded.profile))
-        hit = self._cache.get(j)
-        if hit is not None:
-            self._cache.move_to_end(j)
-            self._complete(state, *hit)
-            self.plan_runner.cancel()
-        else:
-            self._pending_step = j
-            self.plan_runner.submit(partial(full_plan, loaded, budget))
-        self.state = state
-        self.planChanged.emit(state)
-        return state
+        self.show(loaded.trajectory.plan_for_budget(budget))
+        return self.state
 
-    def set_plan(self, plan: Plan) -> None:
-        """Show a plan from a file (or another solver); its timeline is simulated in the background."""
+    def show(self, plan: Plan) -> None:
+        """Make ``plan`` the current one; its simulated timeline comes from the cache or a background job."""
         plan.check_profile(self.loaded.profile)
         self.solver = plan.solver
-        self.state = self._state_of(plan)
-        self._pending_step = None
-        self.plan_runner.submit(partial(simulate_plan, self.loaded, plan))
+        key = (plan.solver, tuple(plan.recomputed))
+        sim = self._cache.get(key)
+        self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile))
+        if sim is not None:
+            self._cache.move_to_end(key)
+            self.plan_runner.cancel()
+        else:
+            self.plan_runner.submit(partial(simulate_plan, self.loaded, plan))
         self.planChanged.emit(self.state)
 
-    def _state_of(self, plan: Plan) -> PlanState:
-        return PlanState(solver=plan.solver, budget=plan.budget_bytes, step=None, recomputed=list(plan.recomputed),
-                         peak_bytes=plan.predicted_peak_bytes, peak_node=plan.predicted_peak_node,
-                         extra_ms=plan.predicted_extra_ms, feasible=plan.feasible, stop_reason=plan.stop_reason,
-                         plan=plan, decisions=plan.decisions(self.loaded.profile))
-
-    def _complete(self, state: PlanState, plan: Plan, sim: SimResult) -> None:
-        state.plan, state.sim = plan, sim
-        state.peak_bytes, state.peak_node = plan.predicted_peak_bytes, plan.predicted_peak_node
-        state.extra_ms, state.feasible, state.stop_reason = plan.predicted_extra_ms, plan.feasible, plan.stop_reason
-
-    def _on_full_plan(self, result: tuple[Plan, SimResult]) -> None:
+    def _on_simulated(self, result: tuple[Plan, SimResult]) -> None:
         plan, sim = result
-        if self._pending_step is not None:
-            self._cache[self._pending_step] = (plan, sim)
-            while len(self._cache) > CACHE_STEPS:
-                self._cache.popitem(last=False)
-        state = self.state
-        if state is None or state.solver != plan.solver or state.recomputed != list(plan.recomputed):
-            state = self.state = self._state_of(plan)
-        self._complete(state, plan, sim)
-        self.planChanged.emit(state)
+        self._cache[(plan.solver, tuple(plan.recomputed))] = sim
+        while len(self._cache) > CACHE_PLANS:
+            self._cache.popitem(last=False)
+        if self.state is None or self.state.plan is not plan:  # another solver's plan: new, complete
+            self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile))
+            self.planChanged.emit(self.state)
+        else:
+            self.state.sim = sim
+            self.simulated.emit(self.state)
 
     # -- selection -------------------------------------------------------------------------------------------
     def select(self, node_id: str) -> None:
@@ -268,7 +212,7 @@ class Session(QObject):
 
     # -- derived views ---------------------------------------------------------------------------------------
     def graph_decisions(self, state: PlanState) -> Decisions:
-        """Per-node arrays for the graph colours (replay marks only once the full plan is there)."""
+        """Per-node arrays for the graph colours."""
         loaded = self.loaded
         n = len(loaded.profile.nodes)
         index = loaded.profile.node_index
@@ -278,16 +222,15 @@ class Session(QObject):
         ret = np.bincount(loaded.act_node[~recomputed], weights=loaded.act_bytes[~recomputed], minlength=n)
         replayed = np.zeros(n)
         inserted = np.zeros(n)
-        if state.plan is not None:
-            for e in state.plan.schedule:
-                replayed[[index[r] for r in e.replay]] = 1
-                inserted[index[e.recompute_before]] += 1
+        for e in state.plan.schedule:
+            replayed[[index[r] for r in e.replay]] = 1
+            inserted[index[e.recompute_before]] += 1
         return Decisions(recomputed_bytes=rec, retained_bytes=ret, replayed=replayed, inserted=inserted)
 
     def table_columns(self, state: PlanState) -> dict[str, list]:
         """The activation table's plan columns for ``state``."""
-        order = {a: k + 1 for k, a in enumerate(state.recomputed)}
-        entries = {e.activation: e for e in state.plan.schedule} if state.plan is not None else {}
+        order = {a: k + 1 for k, a in enumerate(state.plan.recomputed)}
+        entries = {e.activation: e for e in state.plan.schedule}
         cols: dict[str, list] = {c: [] for c in TABLE_PLAN_COLUMNS}
         for a in self.loaded.table.index:
             decision, _, why = state.decisions.get(a, "").partition(": ")
@@ -295,7 +238,7 @@ class Session(QObject):
             if decision == "recompute":
                 why = "freed after forward, recomputed before its first backward use"
             elif decision == "retain":
-                why = "kept: the budget was met before μ-TWO reached it" if state.solver == "mutwo" else "kept"
+                why = "kept: the budget was met before μ-TWO reached it" if state.plan.solver == "mutwo" else "kept"
             cols["decision"].append(decision)
             cols["why"].append(why)
             cols["step"].append(order.get(a, float("nan")))

@@ -10,13 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Signal
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtGui import QBrush, QColor, QTransform
+from PySide6.QtWidgets import QGraphicsItem, QGraphicsSimpleTextItem, QVBoxLayout, QWidget
 
 from acstudio.plan.budget import format_bytes
 from acstudio.profile.model import Profile
 from acstudio.simulate import TIMELINE_CATEGORIES
 
 GIB = float(2**30)
+MAX_POINTS = 1600  # points drawn per curve: about one per pixel column; more only slows the fill down
 CATEGORY_COLOURS = {
     "parameter": (120, 120, 130),
     "gradient": (230, 160, 60),
@@ -27,6 +29,44 @@ CATEGORY_COLOURS = {
 }
 REGION_BANDS = {"forward": (90, 150, 230, 28), "loss": (240, 200, 90, 40), "backward": (90, 200, 130, 28),
                 "optimizer": (180, 130, 220, 28)}
+
+
+def bin_starts(n: int, max_points: int = MAX_POINTS) -> np.ndarray:
+    """First node index of each bin when ``n`` nodes are drawn as at most ``max_points`` points."""
+    step = max(1, -(-n // max_points))
+    return np.arange(0, n, step)
+
+
+def peak_binned(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Maximum of each bin along the first axis, so no peak disappears from the drawing."""
+    return np.maximum.reduceat(values, starts, axis=0) if len(values) else values
+
+
+def cache_pixmaps(*items: QGraphicsItem) -> None:
+    """Draw ``items`` from a cached pixmap until they change: moving the budget line or the current point then
+    repaints a blit instead of every fill, axis label and legend entry (about 4 times cheaper)."""
+    for item in items:
+        item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+
+def label_item(colour: tuple[int, int, int]) -> QGraphicsSimpleTextItem:
+    """A text label of constant pixel size at a data position.
+
+    pyqtgraph's ``TextItem`` repaints itself forever with this PySide6 (its paint updates its transform, which
+    schedules another paint: 60 repaints a second of an idle window), so plain Qt text items are used.
+    """
+    item = QGraphicsSimpleTextItem()
+    item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
+    item.setBrush(QBrush(QColor(*colour)))
+    return item
+
+
+def set_label(item: QGraphicsSimpleTextItem, text: str, x: float, y: float, centred: bool = False) -> None:
+    """Place ``text`` at data (x, y): its top-left corner there, or centred just above it."""
+    item.setText(text)
+    item.setPos(x, y)
+    rect = item.boundingRect()
+    item.setTransform(QTransform.fromTranslate(-rect.width() / 2, -rect.height() - 8) if centred else QTransform())
 
 
 def region_spans(profile: Profile) -> list[tuple[str, int, int]]:
@@ -77,9 +117,9 @@ class TimelineView(QWidget):
         self.peak = pg.ScatterPlotItem(size=10, brush=pg.mkBrush(220, 30, 30), pen=pg.mkPen("k"), symbol="t")
         self.peak.setZValue(30)
         item.addItem(self.peak)
-        self.peak_text = pg.TextItem(color=(180, 20, 20), anchor=(0.5, 1.4))
+        self.peak_text = label_item((180, 20, 20))
         self.peak_text.setZValue(30)
-        item.addItem(self.peak_text)
+        item.addItem(self.peak_text, ignoreBounds=True)
         self.budget_line = pg.InfiniteLine(angle=0, movable=True, pen=pg.mkPen((200, 0, 0), width=2),
                                            hoverPen=pg.mkPen((255, 80, 0), width=3),
                                            label="budget {value:.3f} GiB",
@@ -91,10 +131,14 @@ class TimelineView(QWidget):
         self.cursor.setZValue(41)
         self.cursor.hide()
         item.addItem(self.cursor)
-        self._bands: list[pg.GraphicsObject] = []
-        self._labels: list[pg.TextItem] = []
+        cache_pixmaps(*(c.curve for c in self.stack.values()), self.baseline.curve, self.measured.curve,
+                      item.getAxis("left"), item.getAxis("bottom"), self.legend)
+        self._bands: list[QGraphicsItem] = []
+        self._labels: list[tuple[QGraphicsSimpleTextItem, str, int]] = []
         self._profile: Profile | None = None
         self._x = np.zeros(0)
+        self._starts = np.zeros(0, dtype=np.int64)
+        self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self._syncing = False
         self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
         self.plot.scene().sigMouseClicked.connect(self._on_click)
@@ -104,12 +148,14 @@ class TimelineView(QWidget):
         """New profile: bands, measured curve and baseline; the budget line may move from the floor up."""
         self._profile = profile
         n = len(profile.nodes)
-        self._x = np.arange(n, dtype=float)
+        self._starts = bin_starts(n)
+        self._x = self._starts.astype(float)
+        self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         item = self.plot.getPlotItem()
         for band in self._bands:
             item.removeItem(band)
         self._bands = []
-        self._labels: list[pg.TextItem] = []
+        self._labels = []
         for region, lo, hi in region_spans(profile):
             colour = REGION_BANDS.get(region)
             if colour is None:
@@ -117,43 +163,43 @@ class TimelineView(QWidget):
             band = pg.LinearRegionItem((lo - 0.5, hi + 0.5), movable=False, brush=pg.mkBrush(*colour),
                                        pen=pg.mkPen(None))
             band.setZValue(-10)
+            cache_pixmaps(band)
             item.addItem(band)
             self._bands.append(band)
             if hi - lo > 0.04 * n:  # no room for a label on a sliver (the loss is a handful of nodes)
-                label = pg.TextItem(region, color=(90, 90, 90), anchor=(0, 0))
+                label = label_item((90, 90, 90))
                 label.setZValue(-9)
-                item.addItem(label)
+                item.addItem(label, ignoreBounds=True)
                 self._bands.append(label)
-                self._labels.append(label)
-                label.setPos(lo, 0)
-        self.baseline.setData(self._x, baseline_total / GIB)
+                self._labels.append((label, region, lo))
+        self.baseline.setData(self._x, peak_binned(baseline_total / GIB, self._starts))
         measured = np.asarray([nd.mem_peak for nd in profile.nodes], dtype=float)
         if measured.any():
-            self.measured.setData(self._x, measured / GIB)
+            self.measured.setData(self._x, peak_binned(measured / GIB, self._starts))
         else:
             self.measured.setData([], [])
         top = max(float(baseline_total.max(initial=0)), float(measured.max(initial=0)))
         self.budget_line.setBounds((floor_bytes / GIB, top / GIB * 1.05))
-        for label in self._labels:
-            label.setPos(label.pos().x(), top / GIB * 1.1)
+        for label, region, lo in self._labels:
+            set_label(label, region, lo, top / GIB * 1.1)
         item.setXRange(0, max(n - 1, 1), padding=0.01)
         item.setYRange(0, top / GIB * 1.12, padding=0)
         self.cursor.hide()
 
     def set_timeline(self, timeline: np.ndarray, peak_index: int, peak_bytes: int) -> None:
         """Show one simulated plan: ``timeline`` is (nodes, categories) bytes, as the simulator returns it."""
-        cum = np.cumsum(np.asarray(timeline, dtype=float), axis=1) / GIB
+        self._cum = np.cumsum(np.asarray(timeline, dtype=float), axis=1) / GIB
+        drawn = peak_binned(self._cum, self._starts)
         for k, cat in enumerate(TIMELINE_CATEGORIES):
-            self.stack[cat].setData(self._x, cum[:, k])
+            self.stack[cat].setData(self._x, drawn[:, k])
         if 0 <= peak_index < len(self._x):
             self.peak.setData([float(peak_index)], [peak_bytes / GIB])
-            self.peak_text.setText(f"peak {format_bytes(peak_bytes)}")
-            self.peak_text.setPos(float(peak_index), peak_bytes / GIB)
+            set_label(self.peak_text, f"peak {format_bytes(peak_bytes)}", float(peak_index), peak_bytes / GIB,
+                      centred=True)
 
     def stacked_total(self) -> np.ndarray:
-        """Top of the stack (bytes per node) as currently drawn: what tests and the benchmark compare."""
-        _, y = self.stack[TIMELINE_CATEGORIES[-1]].getData()
-        return np.zeros(0) if y is None else np.asarray(y) * GIB
+        """Top of the shown stack, bytes per node (the drawing is its per-bin maximum)."""
+        return self._cum[:, -1] * GIB if len(self._cum) else np.zeros(0)
 
     def set_budget(self, budget_bytes: int) -> None:
         self._syncing = True
@@ -188,10 +234,9 @@ class TimelineView(QWidget):
             return
         n = self._profile.nodes[i]
         parts = [f"{n.id} {n.name} ({n.target})", f"{n.region} · {n.module or '-'}"]
-        for cat in TIMELINE_CATEGORIES:
-            _, y = self.stack[cat].getData()
-            if y is not None and i < len(y):
-                parts.append(f"up to {cat.replace('_', ' ')}: {format_bytes(int(y[i] * GIB))}")
+        if i < len(self._cum):
+            for k, cat in enumerate(TIMELINE_CATEGORIES):
+                parts.append(f"up to {cat.replace('_', ' ')}: {format_bytes(int(self._cum[i, k] * GIB))}")
         if n.mem_peak:
             parts.append(f"measured peak: {format_bytes(n.mem_peak)}")
         self.plot.setToolTip("\n".join(parts))
