@@ -215,3 +215,32 @@ def test_replayed_batch_norm_leaves_running_stats_alone(op):
         assert torch.equal(a, b)
     assert not torch.equal(updated[0], torch.zeros(3)), "the original updates its statistics"
     assert torch.equal(untouched[0], torch.zeros(3)) and torch.equal(untouched[1], torch.ones(3))
+
+
+class FusedDropoutNet(torch.nn.Module):
+    """CUDA captures dropout as ``native_dropout`` (the CPU draws with ``bernoulli_``); this calls it directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(16, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        h, _ = torch.ops.aten.native_dropout(torch.tanh(self.a(x)), 0.3, True)
+        h, _ = torch.ops.aten.native_dropout(torch.tanh(self.b(h)), 0.3, True)
+        return self.c(h)
+
+
+def test_dropout_is_replayed_from_its_kept_mask():
+    torch.manual_seed(0)
+    model = FusedDropoutNet()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    step = capture_step(model, opt, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
+    profile = quick_profile(tiny_spec("resnet18"), step)
+    new = rewrite_step(step, profile, candidates(profile))
+    replayed = [n for n in new.gm.graph.nodes if n.meta.get("ac_role") == "recompute"]
+    assert not any(n.target is torch.ops.aten.native_dropout.default for n in replayed), "no second draw"
+    masks = {n.args[1] for n in replayed if n.target is torch.ops.aten.native_dropout_backward.default}
+    assert len(masks) == 2 and all(m.meta["ac_region"] == "forward" for m in masks)  # the forward's masks
+    for a, b in zip(run_from(new, model, opt, "adam", batch), run_from(step, model, opt, "adam", batch)):
+        assert torch.equal(a, b)

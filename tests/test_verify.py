@@ -90,5 +90,5 @@ def test_cuda_peak_is_measured_and_lower():
     result = verify(profile, plan, device="cuda")
     assert result.passed, result.summary()
     assert result.measured_peak_bytes < result.measured_baseline_peak_bytes
-    cpu = verify(profile, plan, device="cpu")  # a GPU profile can be checked on the CPU too
-    assert cpu.passed and cpu.exact
+    # the prediction is within 1% of the measurement (the allocator rounds, the planner does not)
+    assert abs(result.measured_peak_bytes - plan.predicted_peak_bytes) < 0.01 * plan.predicted_peak_bytes

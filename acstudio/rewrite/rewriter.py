@@ -16,12 +16,15 @@ A recomputed activation met on another's replay while it is not resident is, by 
 transient and recomputed again before its own first use: μ-TWO's Alg E/F model, which the planner's simulator
 predicts exactly. ``share_chains=True`` instead makes that one replay also produce it (dodrio's ``rcomp_outs``):
 fewer replayed ops, but it is then held from the earlier insertion point, which the planner does not model.
-Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward).
+Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward), and
+``native_dropout`` (CUDA's fused dropout) as ``native_dropout_backward`` on the mask it drew in forward, which is
+kept: the same masked scale, no second draw.
 """
 
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -199,8 +202,12 @@ class _Rewriter:
         env: dict[fx.Node, fx.Node] = {}
         with self.gm.graph.inserting_before(anchor):
             for n in order:
+                if is_dropout_output(n):  # the replayed dropout node already is the output tensor
+                    env[n] = env[n.args[0]]
+                    continue
                 env[n] = self.copy_node(n, lambda x: env[x] if x in env else plan.sources[x], owner)
-                env[n].meta["ac_storages"] = [f"{s}@{owner}" if s in plan.remat else s for s in self.storages[n]]
+                env[n].meta["ac_storages"] = [f"{s}@{owner}" if s in plan.remat else s for s in self.storages[n]
+                                              if not is_dropout(n) or s in plan.remat]
         for sid in plan.group:
             readers = self.backward_readers(sid)
             for h in self.forward_holders(sid):
@@ -254,12 +261,18 @@ class _Rewriter:
         rematerialise(owner, self.holders[owner][0])
         while stack:
             n = stack.pop()
-            reason = self.rec[n].replay
+            reason = "random op: it would draw new random numbers" if draws_random(n) else self.rec[n].replay
             if reason != "ok" or self.region(n) not in FORWARD_REGIONS:
                 raise RewriteError(f"recomputing {owner} would replay {self.describe(n)}, which must not run twice "
                                    f"({reason})")
+            kept = []
+            if is_dropout(n):  # replayed from its kept mask, which is read, never drawn again
+                mask = self.dropout_mask(n, at, forced)
+                plan.sources[mask] = mask
+                plan.readers.setdefault(mask, []).append(n)
+                kept = self.storages[mask]
             for s in self.storages[n]:
-                if n is self.holders[s][0] or s in self.written_storages(n):
+                if s not in kept and (n is self.holders[s][0] or s in self.written_storages(n)):
                     rematerialise(s, n)
             for x in n.all_input_nodes:
                 if x in plan.replay:
@@ -285,6 +298,14 @@ class _Rewriter:
             return self.replayed[sid].copies.get(x)  # a view not copied then is re-derived from the copies
         return x
 
+    def dropout_mask(self, n: fx.Node, at: int | None = None, forced: set[str] = frozenset()) -> fx.Node:
+        """The kept mask of dropout node ``n`` (its ``getitem(n, 1)``), checked resident at ``at`` if given."""
+        mask = next((u for u in n.users if is_getitem(u, 1)), None)
+        if mask is None or (at is not None and any(s in forced or not self.resident(s, at)
+                                                   for s in self.storages[mask])):
+            raise RewriteError(f"{self.describe(n)} cannot be replayed: its dropout mask is not kept for backward")
+        return mask
+
     def stale_sources(self, plan: _Slice, at: int) -> set[str]:
         """Storages the replay reads as resident although they are replayed too, or were updated after the read."""
         stale = set()
@@ -304,10 +325,17 @@ class _Rewriter:
         orig = n.meta["ac_id"]
         k = self.copy_count.get(orig, 0)
         self.copy_count[orig] = k + 1
-        new = self.gm.graph.create_node(n.op, n.target, fx.node.map_arg(n.args, arg_map),
-                                        fx.node.map_arg(n.kwargs, arg_map), name=f"{n.name}_rc{k}", type_expr=n.type)
-        new.meta = {**n.meta, "ac_id": f"{orig}@rc{k}", "ac_role": "recompute", "ac_of": owner,
-                    "ac_region": "backward"}
+        target, args, kwargs = n.target, fx.node.map_arg(n.args, arg_map), fx.node.map_arg(n.kwargs, arg_map)
+        meta = dict(n.meta)
+        if is_dropout(n):  # the same masked scale, with the mask drawn in forward
+            p, train = _arg(n, "p"), _arg(n, "train")
+            scale = (1.0 / (1.0 - p) if p < 1 else 0.0) if train is not False else 1.0
+            target, args, kwargs = torch.ops.aten.native_dropout_backward.default, (args[0], self.dropout_mask(n),
+                                                                                    scale), {}
+            if isinstance(meta.get("val"), tuple):
+                meta["val"] = meta["val"][0]
+        new = self.gm.graph.create_node(n.op, target, args, kwargs, name=f"{n.name}_rc{k}", type_expr=n.type)
+        new.meta = {**meta, "ac_id": f"{orig}@rc{k}", "ac_role": "recompute", "ac_of": owner, "ac_region": "backward"}
         if is_batch_norm(n) and _training(n):
             drop_running_stats(new)
         for w in written_args(new):
@@ -332,6 +360,26 @@ class _Slice:
     readers: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # source -> replayed nodes reading it
     remat: set[str] = field(default_factory=set)  # storages replayed into fresh tensors
     group: list[str] = field(default_factory=list)  # recomputed activations this replay produces
+
+
+def draws_random(n: fx.Node) -> bool:
+    """A node whose replay would draw new random numbers (dropout is replayed from its mask, so it does not)."""
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) or is_dropout(n):
+        return False
+    return torch.Tag.nondeterministic_seeded in n.target.tags or bool(_arg(n, "dropout_p"))
+
+
+def is_dropout(n: fx.Node) -> bool:
+    """``native_dropout`` (the fused CUDA form; CPU captures draw with ``bernoulli_`` instead)."""
+    return n.op == "call_function" and n.target is torch.ops.aten.native_dropout.default
+
+
+def is_getitem(n: fx.Node, index: int) -> bool:
+    return n.op == "call_function" and n.target is operator.getitem and n.args[1] == index
+
+
+def is_dropout_output(n: fx.Node) -> bool:
+    return is_getitem(n, 0) and is_dropout(n.args[0])
 
 
 # -- BatchNorm -------------------------------------------------------------------------------------------
