@@ -440,15 +440,16 @@ def test_module_tree_partitions_nodes_and_expands(tiny_profile_path):
 
 
 def test_chunking_bounds_the_children_of_any_group():
-    paths = [("optimizer",)] * 5000 + [("forward", "a")] * 3
+    paths = [("optimizer",)] * 5000 + [("forward", "a")] * 3 + [("forward",)] * 20
     out = gl._chunked(paths)
+    # ops next to sub-modules are bundled, a small module keeps its ops
+    assert out[-1] == ("forward", gl.OWN_OPS) and out[5000] == ("forward", "a")
     children: dict[tuple, set] = {}
     for i, path in enumerate(out):
         full = (*path, i)  # a node is a child of its innermost group
         for d in range(1, len(full)):
             children.setdefault(full[:d], set()).add(full[d])
     assert max(len(c) for c in children.values()) <= gl.CHUNK
-    assert out[-1] == ("forward", "a")
 
 
 def test_layout_uses_dot_and_caches_it_on_disk(tiny_profile_path, tmp_path):
@@ -491,6 +492,38 @@ def test_missing_dot_falls_back_to_layered_layout(qtbot, window, tiny_profile_pa
     assert len(window.graph.layout.boxes) == len(window.graph.view.items)
     # and nothing was cached: installing graphviz later gives the real layout
     assert not list((tmp_path / "cache").glob("*.json"))
+
+
+def test_timeline_drawing_keeps_every_peak():
+    from acstudio.gui.timeline import bin_starts, peak_binned
+
+    rng = np.random.default_rng(0)
+    values = rng.random((10_001, 3)).cumsum(axis=1)
+    starts = bin_starts(len(values), 1600)
+    drawn = peak_binned(values, starts)
+    assert len(drawn) <= 1600 and starts[0] == 0
+    np.testing.assert_array_equal(drawn.max(axis=0), values.max(axis=0))
+    assert (np.diff(drawn, axis=1) >= 0).all()  # still a stack: each level above the one below
+    assert (peak_binned(values[:50], bin_starts(50, 1600)) == values[:50]).all()
+
+
+def test_drop_opens_the_file_and_hover_names_the_node(qtbot, window, tiny_profile_path):
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(tiny_profile_path))])
+    event = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.NoButton,
+                       Qt.KeyboardModifier.NoModifier)
+    with qtbot.waitSignal(window.session.loadedChanged, timeout=60_000):
+        window.dropEvent(event)
+    wait_plan(qtbot, window)
+    profile = window.session.loaded.profile
+    node = profile.nodes[len(profile.nodes) // 2]
+    vb = window.timeline.plot.getPlotItem().vb
+    window.timeline._on_hover((vb.mapViewToScene(QPointF(profile.node_index[node.id], 0.0)),))
+    tip = window.timeline.plot.toolTip()
+    assert tip.startswith(f"{node.id} {node.name}") and "retained activations" in tip
 
 
 def test_table_model_sorts_numerically_and_filters(qtbot):

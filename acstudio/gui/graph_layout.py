@@ -28,7 +28,9 @@ from acstudio.fileio import write_text
 from acstudio.profile.model import REGIONS, Profile
 
 CHUNK = 60  # most leaf nodes a group shows directly when expanded
-LAYOUT_VERSION = 2  # bump when the geometry below changes, so stale disk caches are ignored
+LOOSE_LEAVES = 6  # more ops than this next to sub-modules are bundled into one "(ops)" box
+OWN_OPS = "(ops)"  # parenthesised: no module attribute can have this name
+LAYOUT_VERSION = 3  # bump when the geometry below changes, so stale disk caches are ignored
 REGION_TITLES = {"input": "inputs", "forward": "forward", "loss": "loss", "backward": "backward",
                  "optimizer": "optimizer", "output": "output"}
 SLOT_TITLES = {"param": "parameters", "buffer": "buffers", "opt_state": "optimizer state", "batch": "batch"}
@@ -201,7 +203,9 @@ class ModuleTree:
         priority = {"forward": 0, "backward": 0, "loss": 1, "optimizer": 2}
 
         def order(paths):
-            return sorted((p for p in paths if p[0] in priority), key=lambda p: (priority[p[0]], -len(self.members[p])))
+            # bundles of loose ops and chunks hold only leaves: never worth the room in a first view
+            keep = (p for p in paths if p[0] in priority and p[-1] != OWN_OPS and not p[-1].startswith("ops "))
+            return sorted(keep, key=lambda p: (priority[p[0]], -len(self.members[p])))
 
         expanded: set[str] = set()
         count = len({p[:1] for p in self.paths})
@@ -241,11 +245,24 @@ def group_label(path: tuple[str, ...]) -> str:
 
 
 def _chunked(paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """Insert ``ops a–b`` levels (nested if needed) under groups with more than :data:`CHUNK` direct leaves."""
+    """Regroup leaves so that every expansion stays readable.
+
+    A group that has sub-modules and more than :data:`LOOSE_LEAVES` ops of its own gets those ops bundled
+    as one ``(ops)`` child (BERT's ``bert`` module holds ~30 embedding-preparation ops next to ``encoder``).
+    Groups with more than :data:`CHUNK` ops of their own get ``ops a–b`` levels, nested if needed.
+    """
+    has_groups = {p[:d] for p in paths for d in range(1, len(p))}
     leaves: dict[tuple[str, ...], list[int]] = defaultdict(list)
     for i, p in enumerate(paths):
         leaves[p].append(i)
     out = list(paths)
+    for path, idx in leaves.items():
+        if path in has_groups and len(idx) > LOOSE_LEAVES:
+            for i in idx:
+                out[i] = (*path, OWN_OPS)
+    leaves = defaultdict(list)
+    for i, p in enumerate(out):
+        leaves[p].append(i)
     for path, idx in leaves.items():
         if len(idx) <= CHUNK:
             continue
