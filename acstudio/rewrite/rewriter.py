@@ -206,8 +206,9 @@ class _Rewriter:
                     env[n] = env[n.args[0]]
                     continue
                 env[n] = self.copy_node(n, lambda x: env[x] if x in env else plan.sources[x], owner)
+                kept = self.storages[self.dropout_mask(n)] if is_dropout(n) else []  # read, not held by the copy
                 env[n].meta["ac_storages"] = [f"{s}@{owner}" if s in plan.remat else s for s in self.storages[n]
-                                              if not is_dropout(n) or s in plan.remat]
+                                              if s not in kept]
         for sid in plan.group:
             readers = self.backward_readers(sid)
             for h in self.forward_holders(sid):
