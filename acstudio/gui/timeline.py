@@ -100,7 +100,8 @@ class TimelineView(QWidget):
         item.setClipToView(True)
         for axis in ("left", "bottom"):
             item.getAxis(axis).enableAutoSIPrefix(False)
-        self.legend = item.addLegend(offset=(-10, 10), labelTextSize="7pt", colCount=2, labelTextColor=(30, 30, 30),
+        # top left: before the forward pass only the model state is in memory, so the plot is empty there
+        self.legend = item.addLegend(offset=(70, 10), labelTextSize="7pt", colCount=2, labelTextColor=(30, 30, 30),
                                      brush=pg.mkBrush(255, 255, 255, 210), pen=pg.mkPen(200, 200, 200))
         self.stack: dict[str, pg.PlotDataItem] = {}
         for z, cat in enumerate(reversed(TIMELINE_CATEGORIES)):
