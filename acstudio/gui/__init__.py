@@ -1,0 +1,1 @@
+"""The desktop app (PySide6 + pyqtgraph): views and drives the engine, adds no engine logic of its own."""
