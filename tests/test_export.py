@@ -12,10 +12,10 @@ import torch
 from test_rewrite import captured, pick
 
 import acstudio
+from acstudio.capture.tracer import prepare_optimizer
 from acstudio.export import ExportMismatchError, export, exporter
 from acstudio.plan import plan as make_plan
 from acstudio.rewrite import rewrite_step
-from acstudio.rewrite.verify import prepare_optimizer
 from acstudio.workload import build_workload
 
 

@@ -106,7 +106,7 @@ def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profil
     its node ids are the ones the plan refers to.
     """
     from acstudio.capture.serialize import deserialize_step
-    from acstudio.capture.tracer import make_capturable, materialize_optimizer_state
+    from acstudio.capture.tracer import prepare_optimizer
     from acstudio.plan.budget import parse_budget
     from acstudio.plan.mutwo import mutwo_trajectory
     from acstudio.rewrite.rewriter import rewrite
@@ -117,8 +117,7 @@ def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profil
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
     # The optimizer as capture_step left it when the graph was traced: state created, CUDA Adam capturable.
-    materialize_optimizer_state(w.model, opt)
-    make_capturable(opt)
+    prepare_optimizer(w.model, opt)
     info = {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
             "profile_iteration_ms": profile.iteration_ms, "graph_nodes": len(step.gm.graph.nodes),
             "plan": scalar_fields(plan), "recomputed_activations": len(getattr(plan, "recomputed", ()))}

@@ -68,6 +68,16 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.state[p]["step"] = step.to(p.device)
 
 
+def prepare_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Give a live optimizer the state layout a captured graph reads: state created, CUDA Adam capturable.
+
+    :func:`capture_step` does this before tracing; anything that feeds a captured (or rewritten, or exported)
+    graph from another optimizer instance must do the same.
+    """
+    materialize_optimizer_state(model, optimizer)
+    make_capturable(optimizer)
+
+
 def resolve_foreach(optimizer: torch.optim.Optimizer) -> None:
     """Pin ``foreach`` to what torch.optim would pick for the real tensors.
 
@@ -152,8 +162,7 @@ def capture_step(
 ) -> CapturedStep:
     """Trace one whole training iteration of ``model`` (already on its device) into a ``CapturedStep``."""
     report(progress, 0, 3, "preparing optimizer state")
-    materialize_optimizer_state(model, optimizer)
-    make_capturable(optimizer)
+    prepare_optimizer(model, optimizer)
     resolve_foreach(optimizer)
     check(cancel)
 

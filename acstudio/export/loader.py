@@ -18,10 +18,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 from acstudio.capture.step import CapturedStep, InputSlot
+from acstudio.capture.tracer import prepare_optimizer
 from acstudio.errors import ACStudioError
 from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
 from acstudio.fileio import read_document
-from acstudio.rewrite.verify import prepare_optimizer
 
 _module_ids = itertools.count()
 

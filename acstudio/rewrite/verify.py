@@ -27,7 +27,7 @@ import torch
 
 from acstudio.capture.serialize import deserialize_step
 from acstudio.capture.step import CapturedStep
-from acstudio.capture.tracer import make_capturable, materialize_optimizer_state
+from acstudio.capture.tracer import prepare_optimizer
 from acstudio.errors import DeviceError, OutOfMemoryError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.budget import format_bytes
@@ -198,12 +198,6 @@ def deterministic_kernels(dev: torch.device) -> Iterator[None]:
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
-
-
-def prepare_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Give a live optimizer the state layout the captured graph expects, as :func:`capture_step` does."""
-    materialize_optimizer_state(model, optimizer)
-    make_capturable(optimizer)
 
 
 def _run(step: CapturedStep, master, spec: WorkloadSpec, dev: torch.device,

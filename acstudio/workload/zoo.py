@@ -69,11 +69,11 @@ def parse_value(text: str):
 
 def build(spec: WorkloadSpec) -> Workload:
     name = spec.model
-    if name in torchvision_models():
-        return build_torchvision(spec)
-    hf = split_hf_name(name)
+    hf = split_hf_name(name)  # checked first: listing torchvision's models imports it (seconds)
     if hf is not None:
         return build_transformers(spec, *hf)
+    if name in torchvision_models():
+        return build_torchvision(spec)
     close = difflib.get_close_matches(name, list(torchvision_models()) + hf_names(), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `acstudio models` lists what can be loaded"
     raise UnknownModelError(f"unknown model {name!r}{hint}")
