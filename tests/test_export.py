@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from test_capture import eager_step
 from test_rewrite import captured, pick
 
 import acstudio
@@ -17,14 +18,6 @@ from acstudio.export import ExportMismatchError, export, exporter
 from acstudio.plan import plan as make_plan
 from acstudio.rewrite import rewrite_step
 from acstudio.workload import build_workload
-
-
-def eager_step(model, optimizer, batch, loss_fn):
-    optimizer.zero_grad(set_to_none=True)
-    loss = loss_fn(model, batch)
-    loss.backward()
-    optimizer.step()
-    return loss.detach()
 
 
 @pytest.mark.parametrize(("model", "optimizer"), [("resnet18", "sgd"), ("bert", "adam"), ("gpt2", "adamw")])
