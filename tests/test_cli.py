@@ -1,0 +1,52 @@
+"""The command line: thin wrappers over the engine, one-line errors with exit status 2."""
+
+from pathlib import Path
+
+import pytest
+
+from acstudio import __version__
+from acstudio.cli import main
+from acstudio.plan.model import Plan
+from acstudio.profile.model import Profile
+
+SAMPLE = Path(__file__).resolve().parent.parent / "sample_profiles" / "cpu_resnet18_bs16_sgd.json.gz"
+
+
+def test_version_and_models(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert __version__ in capsys.readouterr().out
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet152" in out and "bert" in out and "gpt2-cls" in out
+
+
+def test_plan_verify_export_round_trip(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", str(SAMPLE), "--budget", "85%", "--out", str(plan_path),
+                 "--schedule", str(tmp_path / "sched")]) == 0
+    profile = Profile.load(SAMPLE)
+    plan = Plan.load(plan_path, profile=profile)
+    assert plan.feasible and plan.recomputed and plan.predicted_peak_bytes <= 0.85 * profile.peak_bytes + 1
+    assert (tmp_path / "sched" / "schedule.csv").is_file()
+    assert main(["verify", str(SAMPLE), "--plan", str(plan_path), "--json", str(tmp_path / "v.json")]) == 0
+    assert "PASSED" in capsys.readouterr().out
+    assert main(["export", str(SAMPLE), "--plan", str(plan_path), "--out", str(tmp_path / "exp")]) == 0
+    assert {p.name for p in (tmp_path / "exp").iterdir()} >= {"step.py", "manifest.json", "report.md"}
+
+
+def test_errors_are_one_line_with_status_2(tmp_path, capsys):
+    assert main(["plan", str(SAMPLE), "--budget", "lots"]) == 2
+    assert "cannot read the memory budget 'lots'" in capsys.readouterr().err
+    assert main(["profile", "resnet5o", "-b", "2", "--device", "cpu", "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'resnet5o'" in err and "resnet50" in err
+    assert not (tmp_path / "p.json").exists()
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(b"garbage")
+    assert main(["plan", str(corrupt), "--budget", "1GiB"]) == 2
+    assert "not a readable acstudio.profile file" in capsys.readouterr().err
+    # a budget below the floor is an answer (infeasible plan reporting the floor), not a crash
+    assert main(["plan", str(SAMPLE), "--budget", "1MiB"]) == 1
+    assert "INFEASIBLE" in capsys.readouterr().out
