@@ -297,6 +297,8 @@ def test_new_profile_runs_in_background_stays_responsive_and_opens(qtbot, window
     timer = QTimer()
     timer.timeout.connect(tick)
     timer.start(10)
+    live = []
+    window.liveMemory.connect(lambda start, peaks, n: live.append((start, len(peaks), n)))
     with qtbot.waitSignal(window.session.loadedChanged, timeout=120_000):
         window.start_profile(WorkloadSpec(factory_ref, batch_size=8, optimizer="adam").to_dict(), "cpu")
         assert window.progress.isVisible() and window.cancel_button.isVisible()
@@ -306,6 +308,11 @@ def test_new_profile_runs_in_background_stays_responsive_and_opens(qtbot, window
     # the new profile was saved and reopens to the same graph
     assert Profile.load(loaded.path).fingerprint == loaded.profile.fingerprint
     assert loaded.path in window._recent()
+    # the memory curve was streamed to the timeline while measuring: every node once, in order
+    n = len(loaded.profile.nodes)
+    assert live and all(total == n for _, _, total in live)
+    assert [start for start, _, _ in live] == list(np.cumsum([0] + [k for _, k, _ in live[:-1]]))
+    assert sum(k for _, k, _ in live) == n
     # the event loop kept running while the worker thread profiled (GIL shared with capture/tracing)
     assert max(gaps) < 0.5, f"UI stalled for {max(gaps) * 1e3:.0f} ms"
 
@@ -319,6 +326,7 @@ def test_profiling_can_be_cancelled_without_losing_the_open_profile(qtbot, windo
     with qtbot.waitSignal(runner.cancelled, timeout=60_000):
         window.cancel_button.click()
     assert window.session.loaded is before
+    assert window.timeline._profile is before.profile  # the live curve gave way to the open profile again
     assert "cancelled" in window.status_label.text()
     assert not window.messages.errors
     qtbot.waitUntil(lambda: not window.progress.isVisible())

@@ -129,3 +129,13 @@ def test_data_dependent_control_flow_names_the_user_line(tmp_path):
         "    return M(), torch.randn(bs, 4), lambda m, b: m(b).pow(2).mean()\n")
     with pytest.raises(CaptureError, match=r"branchy.py:8"):
         profile_workload(WorkloadSpec(f"{src}:make", 2), "cpu")
+
+
+def test_memory_curve_is_streamed_while_measuring():
+    chunks = []
+    profile = profile_workload(tiny_spec("resnet18"), "cpu", on_memory=lambda s, p, n: chunks.append((s, list(p), n)))
+    n = len(profile.nodes)
+    assert chunks and chunks[0][0] == 0 and all(total == n for _, _, total in chunks)
+    streamed = [v for _, peaks, _ in chunks for v in peaks]
+    # the streamed curve is the profile's (the output node, which runs nothing, is settled afterwards)
+    assert streamed[:-1] == [node.mem_peak for node in profile.nodes][:-1]

@@ -77,7 +77,8 @@ def child_main(argv: list[str]) -> int:
     threading.Thread(target=_watch_stdin, args=(token,), daemon=True).start()
     try:
         profile = profile_workload(spec, device=device, cancel=token,
-                                   progress=lambda d, t, m: _emit({"progress": [d, t, m]}))
+                                   progress=lambda d, t, m: _emit({"progress": [d, t, m]}),
+                                   on_memory=lambda start, peaks, n: _emit({"memory": [start, peaks, n]}))
         profile.save(out)
     except Cancelled:
         _emit({"cancelled": True})
@@ -186,9 +187,9 @@ def _finish(proc: subprocess.Popen, messages: list[dict[str, Any]], log: list[st
 
 
 def profile_in_child(spec: dict[str, Any], device: str, out: str, progress: ProgressFn | None = None,
-                     cancel: CancelToken | None = None) -> None:
+                     cancel: CancelToken | None = None, on_memory=None) -> None:
     """Profile the workload ``spec`` (``WorkloadSpec.to_dict()``) on ``device`` in a child process that saves
-    the profile to ``out``."""
+    the profile to ``out``; ``on_memory(start, peaks, n_nodes)`` receives the memory curve as it is measured."""
     proc, lines = _start(["profile", device, out])
     log: list[str] = []
     received: list[dict[str, Any]] = []
@@ -198,6 +199,9 @@ def profile_in_child(spec: dict[str, Any], device: str, out: str, progress: Prog
         for message in _messages(proc, lines, cancel, log):
             if "progress" in message:
                 report(progress, *message["progress"])
+            elif "memory" in message:
+                if on_memory is not None:
+                    on_memory(*message["memory"])
             else:
                 received.append(message)
         _finish(proc, received, log)

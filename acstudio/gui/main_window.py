@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from PySide6.QtCore import QSettings, QStandardPaths, Qt
+from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -66,6 +66,8 @@ def default_data_dir() -> str:
 
 
 class MainWindow(QMainWindow):
+    liveMemory = Signal(int, object, int)  # (first node, peak bytes per node, nodes): a profile being measured
+
     def __init__(self, settings: QSettings | None = None, cache_dir: str | None = None,
                  messages: Messages | None = None, data_dir: str | None = None) -> None:
         """``cache_dir`` holds graph layouts, ``data_dir`` new profiles and benchmark results."""
@@ -90,6 +92,7 @@ class MainWindow(QMainWindow):
         self.timeline = TimelineView()
         self.timeline.nodeClicked.connect(self.session.select)
         self.timeline.budgetDragged.connect(self._on_line_dragged)
+        self.liveMemory.connect(self.timeline.show_live)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(self.graph)
         splitter.addWidget(self.timeline)
@@ -144,6 +147,8 @@ class MainWindow(QMainWindow):
             runner.failed.connect(partial(self._on_job_failed, name))
             runner.cancelled.connect(partial(self.show_status, f"{name}: cancelled"))
             self.runners[name] = runner
+        self.runners["profile"].failed.connect(self._restore_timeline)
+        self.runners["profile"].cancelled.connect(self._restore_timeline)
         self.runners["load"].resultReady.connect(self._on_opened)
         self.runners["profile"].resultReady.connect(self._on_profiled)
         self.runners["sweep"].resultReady.connect(self._on_sweep)
@@ -291,7 +296,9 @@ class MainWindow(QMainWindow):
         label = f"{Path(spec['model'].rpartition(':')[0] or spec['model']).stem}_bs{spec['batch_size']}"
         path = out_dir / f"{label}_{spec['optimizer']}_{spec['precision']}-{device.replace(':', '')}-{stamp}.json.gz"
         self.show_status(f"Profiling {spec['model']} (batch {spec['batch_size']}) on {device}…")
-        self.runners["profile"].submit(partial(profile_and_prepare, spec, device, str(path)))
+        # The child streams the measured memory curve; the signal carries it to the timeline on the GUI thread.
+        self.runners["profile"].submit(partial(profile_and_prepare, spec, device, str(path),
+                                               on_memory=self.liveMemory.emit))
 
     def _on_profiled(self, loaded: Loaded) -> None:
         self._remember(loaded.path)
@@ -365,6 +372,14 @@ class MainWindow(QMainWindow):
         if self.session.selected:
             self.inspector.setHtml(self._node_html(self.session.selected))
         self._update_actions()
+
+    def _restore_timeline(self, *_args) -> None:
+        """A profiling run that drew its live curve ended without a profile: show the loaded one again."""
+        loaded = self.session.loaded
+        if loaded is None:
+            return
+        self.timeline.set_profile(loaded.profile, loaded.baseline.timeline.sum(axis=1), self.session.floor_bytes)
+        self.set_budget(self.budget.budget_bytes())
 
     def _on_simulated(self, state: PlanState) -> None:
         pos = self.session.loaded.profile.node_index.get(state.sim.peak_node, -1)
@@ -581,8 +596,8 @@ def run_benchmark(workload: dict, out_dir: str, settings: dict, progress=None, c
                      fit_budget=settings["fit_budget"], warmup=settings["warmup"], iters=settings["iters"])
 
 
-def profile_and_prepare(spec: dict, device: str, path: str, progress=None, cancel=None) -> Loaded:
+def profile_and_prepare(spec: dict, device: str, path: str, progress=None, cancel=None, on_memory=None) -> Loaded:
     """Profile in a child process (saving the profile to ``path``), then prepare it for display."""
-    profile_in_child(spec, device, path, progress, cancel)
+    profile_in_child(spec, device, path, progress, cancel, on_memory)
     return prepare(Profile.load(path), path, progress, cancel)
 

@@ -141,6 +141,7 @@ class TimelineView(QWidget):
         self._starts = np.zeros(0, dtype=np.int64)
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self._syncing = False
+        self._live: np.ndarray | None = None
         self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
         self.plot.scene().sigMouseClicked.connect(self._on_click)
 
@@ -148,15 +149,13 @@ class TimelineView(QWidget):
     def set_profile(self, profile: Profile, baseline_total: np.ndarray, floor_bytes: int) -> None:
         """New profile: bands, measured curve and baseline; the budget line may move from the floor up."""
         self._profile = profile
+        self._live = None
         n = len(profile.nodes)
         self._starts = bin_starts(n)
         self._x = self._starts.astype(float)
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         item = self.plot.getPlotItem()
-        for band in self._bands:
-            item.removeItem(band)
-        self._bands = []
-        self._labels = []
+        self._clear_bands()
         for region, lo, hi in region_spans(profile):
             colour = REGION_BANDS.get(region)
             if colour is None:
@@ -186,6 +185,36 @@ class TimelineView(QWidget):
         item.setXRange(0, max(n - 1, 1), padding=0.01)
         item.setYRange(0, top / GIB * 1.12, padding=0)
         self.cursor.hide()
+
+    def _clear_bands(self) -> None:
+        item = self.plot.getPlotItem()
+        for band in self._bands:
+            item.removeItem(band)
+        self._bands = []
+        self._labels = []
+
+    def show_live(self, start: int, peaks: list[int], n: int) -> None:
+        """Draw the memory curve of a profile while it is being measured (``peaks`` for nodes from ``start``).
+
+        The plan view (stack, baseline, bands) is cleared on the first chunk and comes back when the finished
+        profile is loaded with :meth:`set_profile`.
+        """
+        item = self.plot.getPlotItem()
+        if self._live is None or len(self._live) != n or start == 0:
+            self._live = np.full(n, np.nan)
+            self._profile = None
+            self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
+            for curve in (*self.stack.values(), self.baseline):
+                curve.setData([], [])
+            self.peak.setData([], [])
+            self.peak_text.setText("")
+            self._clear_bands()
+            item.setXRange(0, max(n - 1, 1), padding=0.01)
+        self._live[start:start + len(peaks)] = peaks
+        filled = start + len(peaks)
+        values = self._live[:filled] / GIB
+        self.measured.setData(np.arange(filled, dtype=float), values)
+        item.setYRange(0, max(float(np.nanmax(values, initial=0.0)), 1e-3) * 1.12, padding=0)
 
     def set_timeline(self, timeline: np.ndarray, peak_index: int, peak_bytes: int) -> None:
         """Show one simulated plan: ``timeline`` is (nodes, categories) bytes, as the simulator returns it."""

@@ -29,6 +29,7 @@ from acstudio.profile.model import CATEGORIES, Profile
 from acstudio.workload import WorkloadSpec, build_workload
 
 _REPORT_EVERY = 64  # nodes between progress callbacks / cancel checks
+MemoryFn = Callable[[int, list[int], int], None]  # (first node index, peak bytes per node, nodes in the graph)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -136,10 +137,29 @@ def run_node_by_node(step: CapturedStep, flat: list, timer: NodeTimer,
         env.clear()
 
 
+def storage_accounted_memory(analysis: GraphAnalysis) -> tuple[list[int], list[int]]:
+    """CPU memory per node from storage accounting: (allocated after the node, peak during it)."""
+    n = len(analysis.nodes)
+    mem_after = analysis.live_bytes_after()
+    dying = [0] * n
+    size = {t.id: t.bytes for t in analysis.tensors}
+    for sid, (_, end) in analysis.live_range.items():
+        if end is not None:
+            dying[end] += size[sid]
+    # During node i: what survived node i-1 plus what node i allocates.
+    mem_peak = [(mem_after[i - 1] - dying[i - 1] if i else 0) + rec.new_bytes for i, rec in enumerate(analysis.nodes)]
+    return mem_after, mem_peak
+
+
 def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: int = 1, iterations: int = 3,
                  progress: ProgressFn | None = None, cancel: CancelToken | None = None,
-                 analysis: GraphAnalysis | None = None) -> tuple[GraphAnalysis, dict]:
-    """Measure ``step`` on ``flat`` inputs (updated in place, like real training) and fill the analysis in."""
+                 analysis: GraphAnalysis | None = None, on_memory: MemoryFn | None = None
+                 ) -> tuple[GraphAnalysis, dict]:
+    """Measure ``step`` on ``flat`` inputs (updated in place, like real training) and fill the analysis in.
+
+    ``on_memory(start, peaks, n_nodes)`` streams per-node peak memory while the first pass runs, so a viewer
+    can draw the timeline as it is measured (on the CPU the accounted curve is known before the first node).
+    """
     analysis = analysis or analyze(step, dev.type)
     nodes = list(step.gm.graph.nodes)
     n = len(nodes)
@@ -147,15 +167,30 @@ def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: i
     total = (warmup + iterations) * n
     samples: list[list[float]] = []
     peaks: list[tuple[list[int], list[int]]] = []
+    if dev.type != "cuda":
+        cpu_memory = storage_accounted_memory(analysis)
+        if on_memory is not None:
+            on_memory(0, cpu_memory[1], n)
+    streamed = [0]  # nodes already sent to on_memory
+
+    def stream(timer: NodeTimer, upto: int) -> None:
+        if on_memory is not None and timer.cuda and upto > streamed[0]:
+            on_memory(streamed[0], timer.mem_peak[streamed[0]:upto], n)
+            streamed[0] = upto
+
     for it in range(warmup + iterations):
         timer = NodeTimer(dev, n)
         phase = "warm-up" if it < warmup else f"iteration {it - warmup + 1}/{iterations}"
 
-        def on_node(i: int, it=it, phase=phase) -> None:
+        def on_node(i: int, it=it, phase=phase, timer=timer) -> None:
             check(cancel)
             report(progress, it * n + i, total, f"{phase}: node {i}/{n}")
+            if it == 0:
+                stream(timer, i + 1)
 
         run_node_by_node(step, flat, timer, on_node)
+        if it == 0:
+            stream(timer, n)
         if it >= warmup:
             samples.append(timer.times_ms(active))
             if timer.cuda:
@@ -171,15 +206,7 @@ def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: i
         for i in range(first):
             mem_after[i] = mem_peak[i] = min(base, mem_after[first])
     else:
-        mem_after = analysis.live_bytes_after()
-        dying = [0] * n
-        size = {t.id: t.bytes for t in analysis.tensors}
-        for sid, (_, end) in analysis.live_range.items():
-            if end is not None:
-                dying[end] += size[sid]
-        # During node i: what survived node i-1 plus what node i allocates.
-        mem_peak = [(mem_after[i - 1] - dying[i - 1] if i else 0) + rec.new_bytes
-                    for i, rec in enumerate(analysis.nodes)]
+        mem_after, mem_peak = cpu_memory
     if nodes[-1].op == "output" and n > 1:  # the output node runs nothing: it holds the previous level
         mem_after[-1] = mem_after[-2]
         mem_peak[-1] = min(mem_peak[-2], mem_after[-2])
@@ -228,7 +255,7 @@ def peak_breakdown(analysis: GraphAnalysis, peak_index: int, peak_bytes: int) ->
 
 def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1, iterations: int = 3,
                      progress: ProgressFn | None = None, cancel: CancelToken | None = None,
-                     command: str | None = None) -> Profile:
+                     command: str | None = None, on_memory: MemoryFn | None = None) -> Profile:
     """Build, capture and measure one training iteration of ``spec`` on ``device``; return its ``Profile``."""
     if iterations < 3:
         raise ACStudioError("at least 3 measured iterations are needed for a median")
@@ -249,7 +276,7 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         flat = step.flat_inputs(workload.model, optimizer, workload.batch)
         stage = "measuring"
         analysis, iters = profile_step(step, flat, dev, warmup=warmup, iterations=iterations,
-                                       progress=progress, cancel=cancel)
+                                       progress=progress, cancel=cancel, on_memory=on_memory)
         stage = "timing the whole step"
         iteration_ms, step_peak = time_whole_step(step, flat, dev)
         graph = serialize_step(step)
