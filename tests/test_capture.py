@@ -104,3 +104,20 @@ def test_custom_factory_with_graph_constant_round_trips():
     torch.manual_seed(0)
     torch.testing.assert_close(loss, rebuilt.run(m2, o2, w.batch))
     torch.testing.assert_close(w.model.head.weight, m2.head.weight)
+
+
+def test_bf16_autocast_step_matches_eager_autocast():
+    w = build_workload(tiny_spec("bert", precision="bf16"))
+    opt = w.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn, autocast_dtype=torch.bfloat16)
+    assert any(n.meta["ac_dtype"] == "bfloat16" for n in step.gm.graph.nodes)
+    ref_model, ref_opt = clone_training_state(w.model, opt, "adam")
+    torch.manual_seed(3)
+    loss = step.run(w.model, opt, w.batch)
+    torch.manual_seed(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_loss = w.loss_fn(ref_model, w.batch)
+    ref_loss.backward()
+    ref_opt.step()
+    torch.testing.assert_close(loss, ref_loss.detach(), atol=1e-5, rtol=1e-5)
+    assert_same_state(w.model, opt, ref_model, ref_opt, atol=1e-5)
