@@ -97,4 +97,6 @@ def recompute_all(ctx: PlanContext) -> list[int]:
     return list(ctx.rg.candidates)
 
 
+# Baselines whose real counterparts checkpoint segments: each segment is replayed once, i.e. shared chains.
+SEGMENTED = ("per-module", "sqrt-n")
 FIXED = {"keep-all": keep_all, "recompute-all": recompute_all, "per-module": per_module, "sqrt-n": sqrt_n}

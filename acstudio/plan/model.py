@@ -3,6 +3,10 @@
 A plan is tied to one captured graph by ``profile_fingerprint``; loading it against another profile raises
 :class:`~acstudio.errors.PlanMismatchError`. The schedule lists the recomputations in the order they run
 (by first backward use, then forward creation order), which is the order the rewriter inserts them in.
+
+``share_chains`` says how the rewriter replays them: each recomputation replays its chain back to resident
+tensors (False, μ-TWO's model), or a replay also produces the recomputed activations it passes through and
+keeps them until their last backward use (True; see :mod:`acstudio.simulate.shared`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ class ScheduleEntry:
     that point (retained ones; recomputed ones are then already back, so read their recomputed copy) and
     parameter/buffer/input storage ids. Replayed nodes are forward nodes whose ``replay`` is ``"ok"``;
     BatchNorm among them must run without updating running statistics. ``ratio`` is bytes per millisecond of
-    recompute time as the solver saw it when choosing (μ-TWO's recompute ratio).
+    recompute time as the solver saw it when choosing (μ-TWO's recompute ratio). In a shared-chain plan an
+    activation produced by an earlier entry's replay has an empty ``replay`` and ``recompute_ms`` 0, and its
+    ``recompute_before`` is where that replay runs.
     """
 
     activation: str
@@ -65,6 +71,7 @@ class Plan:
     baseline_peak_bytes: int
     activation_bytes: dict[str, int] = field(default_factory=dict)  # every activation of the profile
     excluded: dict[str, str] = field(default_factory=dict)  # activations that are not candidates, and why
+    share_chains: bool = False  # how the rewriter replays them (see the module docstring); absent in old files
 
     # -- identity ------------------------------------------------------------------------------------------
     def check_profile(self, profile: Profile) -> None:

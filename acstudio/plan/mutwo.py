@@ -33,6 +33,7 @@ from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.replay import ReplayGraph
+from acstudio.simulate.shared import shared_peak
 from acstudio.simulate.simulator import SimState, Simulator
 
 SOLVERS = ("mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp")
@@ -203,6 +204,49 @@ class Trajectory:
             return self.plan_at(int(np.argmin(self._own)), budget_bytes, self.stop_reason)
         return self.plan_at(j, budget_bytes, BASELINE_FITS if j == 0 else BUDGET_MET)
 
+    def shared_step_for_budget(self, budget_bytes: int, window: int = 2) -> int | None:
+        """The step whose picks, replayed with shared chains, fit ``budget_bytes`` at the least extra time
+        (``None`` if the last step does not fit).
+
+        Binary search for the first fitting prefix, as if shared peaks fell with the prefix length, then the
+        ``window`` steps on either side; shared peaks are not exactly monotone, so only evaluated fits count.
+        """
+        cache: dict[int, tuple[int, int, float]] = {}
+
+        def evaluate(j: int) -> tuple[int, int, float]:
+            if j not in cache:
+                cache[j] = shared_peak(self._ctx.sim, self._picks[:j]) if j else (
+                    int(self._own[0]), 0, 0.0)
+            return cache[j]
+
+        last = len(self._picks)
+        if evaluate(last)[0] > budget_bytes:
+            return None
+        lo, hi = 0, last
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if evaluate(mid)[0] <= budget_bytes:
+                hi = mid
+            else:
+                lo = mid + 1
+        for j in range(max(0, lo - window), min(last, lo + window) + 1):
+            evaluate(j)
+        fits = [j for j, (peak, _, _) in cache.items() if peak <= budget_bytes]
+        return min(fits, key=lambda j: (cache[j][2], j))
+
+    def best_plan_for_budget(self, budget_bytes: int) -> Plan:
+        """:meth:`plan_for_budget`, or the shared-chain plan of a trajectory prefix if that fits too and is
+        predicted faster (``Plan.share_chains`` says which). Tens of shared evaluations: for planning one
+        budget, not for a slider."""
+        again = self.plan_for_budget(budget_bytes)
+        j = self.shared_step_for_budget(budget_bytes)
+        if j is None or j == 0:
+            return again
+        shared = self._ctx.shared_plan_for_set("mutwo", budget_bytes, self._picks[:j], BUDGET_MET)
+        if again.feasible and again.predicted_extra_ms <= shared.predicted_extra_ms:
+            return again
+        return shared
+
     def plan_at(self, j: int, budget_bytes: int, stop_reason: str) -> Plan:
         """The plan of step ``j`` (its first ``j`` picks) judged against ``budget_bytes``.
 
@@ -272,9 +316,12 @@ def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: 
          cancel: CancelToken | None = None) -> Plan:
     """Plan one budget from scratch with ``solver`` (one of :data:`SOLVERS`).
 
-    μ-TWO runs its greedy until the peak fits (the same plan :meth:`Trajectory.plan_for_budget` gives). The
-    fixed baselines are simulated as they are and marked infeasible if they do not fit; ``milp`` gives the
-    cheapest recompute set that fits (small graphs only).
+    μ-TWO runs its whole greedy and returns :meth:`Trajectory.best_plan_for_budget`: the replay-again plan
+    :meth:`Trajectory.plan_for_budget` gives, or a trajectory prefix replayed with shared chains when that fits
+    and is predicted faster. The fixed baselines are simulated as they are and marked infeasible if they do not
+    fit; per-module and sqrt-n with shared chains, which is how their real counterparts (``torch.utils.checkpoint``
+    on segments) run, each segment replayed once. ``milp`` gives the cheapest recompute set that fits under
+    μ-TWO's replay-again model (small graphs only).
     """
     if solver not in SOLVERS:
         raise ACStudioError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
@@ -283,7 +330,7 @@ def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: 
     if solver == "mutwo":
         if sim.baseline_peak <= budget_bytes:
             return ctx.plan_for_set(solver, budget_bytes, [], BASELINE_FITS)
-        return _trajectory(ctx, until_bytes=budget_bytes, cancel=cancel).plan_for_budget(budget_bytes)
+        return _trajectory(ctx, cancel=cancel).best_plan_for_budget(budget_bytes)
     if solver == "milp":
         from acstudio.plan.milp import exact_recompute_set  # scipy.optimize: imported only when used
 
@@ -292,7 +339,8 @@ def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: 
             return ctx.plan_for_set(solver, budget_bytes, [], f"no recompute set fits: {status}")
         return ctx.plan_for_set(solver, budget_bytes, chosen, BASELINE_FITS if not chosen else f"{BUDGET_MET} "
                                 "(optimal)")
-    p = ctx.plan_for_set(solver, budget_bytes, baselines.FIXED[solver](ctx))
+    make = ctx.shared_plan_for_set if solver in baselines.SEGMENTED else ctx.plan_for_set
+    p = make(solver, budget_bytes, baselines.FIXED[solver](ctx))
     if not p.feasible:
         p.stop_reason = (EXHAUSTED if solver == "recompute-all" else
                          f"budget not met: {solver} reaches {format_bytes(p.predicted_peak_bytes)}")
@@ -304,10 +352,11 @@ def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simul
           ) -> pd.DataFrame:
     """Pareto table of every solver under the same simulator: one row per (solver, operating point).
 
-    μ-TWO contributes every trajectory step that lowers the peak, the fixed baselines one row each (their
-    budget is their own peak), and ``milp`` the exact optimum at up to ``milp_points`` budgets taken from the
-    μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` at that budget. Profiles too
-    large for the MILP get a row saying so.
+    μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the fixed baselines
+    one row per replay mode (``share_chains``; their budget is their own peak; per-module and sqrt-n run with
+    shared chains in reality, noted on that row), and ``milp`` the exact optimum at up to ``milp_points``
+    budgets taken from the μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` at that
+    budget. Profiles too large for the MILP get a row saying so.
     """
     ctx = PlanContext(profile, simulator)
     rows = []
@@ -315,8 +364,9 @@ def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simul
     def row(solver: str, budget: int, p: Plan | TrajectoryStep, n: int, **extra) -> None:
         peak = p.predicted_peak_bytes
         extra_ms = p.predicted_extra_ms if isinstance(p, Plan) else p.extra_ms
+        shared = isinstance(p, Plan) and p.share_chains
         rows.append({"solver": solver, "budget_bytes": budget, "peak_bytes": peak, "extra_ms": extra_ms,
-                     "n_recomputed": n, **extra})
+                     "n_recomputed": n, "share_chains": shared, **extra})
 
     traj = _trajectory(ctx, progress=progress, cancel=cancel) if {"mutwo", "milp"} & set(solvers) else None
     if "mutwo" in solvers:
@@ -327,8 +377,13 @@ def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simul
                 row("mutwo", best, step, j)
     for solver in (s for s in solvers if s in baselines.FIXED):
         check(cancel)
-        p = ctx.plan_for_set(solver, 0, baselines.FIXED[solver](ctx))
+        chosen = baselines.FIXED[solver](ctx)
+        p = ctx.plan_for_set(solver, 0, chosen)
         row(solver, p.predicted_peak_bytes, p, len(p.recomputed))
+        if chosen:
+            p = ctx.shared_plan_for_set(solver, 0, chosen)
+            row(solver, p.predicted_peak_bytes, p, len(p.recomputed),
+                note="how its real counterpart runs" if solver in baselines.SEGMENTED else "")
     if "milp" in solvers:
         from acstudio.plan.milp import MAX_CANDIDATES
 

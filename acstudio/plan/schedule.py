@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from functools import cached_property
 
@@ -10,6 +11,7 @@ import numpy as np
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.profile.model import Profile
 from acstudio.simulate.replay import Expansion
+from acstudio.simulate.shared import evaluate_shared, shared_schedule
 from acstudio.simulate.simulator import Simulator
 
 
@@ -43,7 +45,8 @@ class PlanContext:
         return sorted(ks, key=lambda k: (rg.first_bw[k], rg.created[k], k))
 
     def make_plan(self, solver: str, budget: int, recomputed: list[int], entries: list[ScheduleEntry],
-                  peak: int, peak_node: str, extra_ms: float, stop_reason: str | None = None) -> Plan:
+                  peak: int, peak_node: str, extra_ms: float, stop_reason: str | None = None,
+                  share_chains: bool = False) -> Plan:
         feasible = peak <= budget
         if stop_reason is None:
             if not recomputed and feasible:
@@ -55,7 +58,7 @@ class PlanContext:
             recomputed=[self.rg.act_ids[k] for k in recomputed], schedule=entries, predicted_peak_bytes=int(peak),
             predicted_peak_node=peak_node, predicted_extra_ms=float(extra_ms), feasible=feasible,
             stop_reason=stop_reason, floor_bytes=self.sim.floor_bytes, baseline_peak_bytes=self.sim.baseline_peak,
-            activation_bytes=self.activation_bytes, excluded=self.excluded)
+            activation_bytes=self.activation_bytes, excluded=self.excluded, share_chains=share_chains)
 
     def plan_for_set(self, solver: str, budget: int, recomputed: list[int], stop_reason: str | None = None,
                      ratios: dict[int, float] | None = None) -> Plan:
@@ -67,6 +70,24 @@ class PlanContext:
         entries = [self._entry_of(k, exps[k], ratios) for k in self.execution_order(recomputed)]
         extra = sum(e.time_ms for e in exps.values())
         return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], extra, stop_reason)
+
+    def shared_plan_for_set(self, solver: str, budget: int, recomputed: list[int],
+                            stop_reason: str | None = None) -> Plan:
+        """:meth:`plan_for_set` with shared chains (:mod:`acstudio.simulate.shared`)."""
+        sched = shared_schedule(self.sim, recomputed)
+        peak, pos, _ = evaluate_shared(self.sim, sched)
+        made = {k: r for r in sched.replays for k in r.outputs}
+        entries = []
+        for k in self.execution_order(recomputed):
+            r = made[k]
+            if k == r.outputs[0]:
+                entries.append(self.entry(k, r.sources, r.params, r.nodes, r.time_ms,
+                                          self.rg.bytes[k] / max(r.time_ms, 1e-9)))
+            else:
+                entries.append(dataclasses.replace(self.entry(k, (), (), r.nodes[:0], 0.0, 0.0),
+                                                   recompute_before=self.sim.node_ids[r.at]))
+        return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], sched.extra_ms,
+                              stop_reason, share_chains=True)
 
     def _entry_of(self, k: int, e: Expansion, ratios: dict[int, float] | None) -> ScheduleEntry:
         ratio = ratios[k] if ratios else self.rg.bytes[k] / max(e.time_ms, 1e-9)

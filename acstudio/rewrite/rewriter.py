@@ -15,7 +15,8 @@ recomputed activation, in order of first backward use:
 A recomputed activation met on another's replay while it is not resident is, by default, replayed there as a
 transient and recomputed again before its own first use: μ-TWO's Alg E/F model, which the planner's simulator
 predicts exactly. ``share_chains=True`` instead makes that one replay also produce it (dodrio's ``rcomp_outs``):
-fewer replayed ops, but it is then held from the earlier insertion point, which the planner does not model.
+fewer replayed ops, but it is then held from the earlier insertion point (:mod:`acstudio.simulate.shared` predicts
+that exactly; a plan says which mode it was priced for in ``Plan.share_chains``).
 Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward), and
 ``native_dropout`` (CUDA's fused dropout) as ``native_dropout_backward`` on the mask it drew in forward, which is
 kept: the same masked scale, no second draw.
@@ -70,16 +71,26 @@ class RewrittenStep(CapturedStep):
         return sum(r.replay_ms for r in self.recomputations)
 
 
+class PlannedActivations(list):
+    """A plan's recomputed activation ids, carrying how the plan replays them (``Plan.share_chains``), so that
+    callers passing them on to :func:`rewrite_step` (verify, export) rewrite the step the plan was priced for."""
+
+    share_chains = False
+
+
 def plan_activations(plan, profile: Profile) -> list[str]:
     """The recomputed activation ids of ``plan`` (a Plan, or a plain collection of ids) after checking its profile."""
     if isinstance(plan, (list, tuple, set, frozenset)):
         return list(plan)
     plan.check_profile(profile)
-    return list(plan.recomputed)
+    ids = PlannedActivations(plan.recomputed)
+    ids.share_chains = bool(getattr(plan, "share_chains", False))
+    return ids
 
 
 def rewrite(step: CapturedStep, profile: Profile, plan, *, share_chains: bool = False) -> RewrittenStep:
-    """Apply ``plan`` (refused if made for another profile) to ``step``; see :func:`rewrite_step`."""
+    """Apply ``plan`` (refused if made for another profile) to ``step``, replaying as the plan says; see
+    :func:`rewrite_step`."""
     return rewrite_step(step, profile, plan_activations(plan, profile), share_chains=share_chains)
 
 
@@ -88,8 +99,10 @@ def rewrite_step(step: CapturedStep, profile: Profile, recomputed: Collection[st
     """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward.
 
     ``step`` must be the graph ``profile`` was measured on (same nodes in the same order, e.g. from
-    ``deserialize_step(profile.graph)``); it is not modified.
+    ``deserialize_step(profile.graph)``); it is not modified. Chains are shared when ``share_chains`` is set or
+    ``recomputed`` comes from a shared-chain plan (:func:`plan_activations`).
     """
+    share_chains = share_chains or getattr(recomputed, "share_chains", False)
     gm = fx.GraphModule(step.gm, copy.deepcopy(step.gm.graph))
     ids = [n.meta.get("ac_id") for n in gm.graph.nodes]
     if ids != [r.id for r in profile.nodes]:

@@ -8,7 +8,10 @@ from a's forward holders (the node that allocated its storage, its views and the
   (an in-place op rewrites that storage later in forward, so the resident tensor no longer holds the value
   this reader saw) or it is read through ``getitem`` (the reader takes one element of a multi-output node, so
   the node itself must run again);
-* anything else (temporaries, views, the tuple-producing node) is replayed, and the walk continues.
+* anything else (temporaries, views, the tuple-producing node) is replayed, and the walk continues;
+* a replayed node that creates a storage brings the forward in-place writers of that storage with it (the
+  rewriter rematerialises a storage whole: its creator and every writer, e.g. ResNet's ``relu_`` on a
+  BatchNorm output when the BatchNorm is replayed for its saved statistics).
 
 Stops make a small "stop graph" over activations. Under a set R of recomputed activations, the replay of
 ``a`` expands every stop ``s`` that is recomputed and *not resident* when ``a`` is recomputed (before
@@ -77,6 +80,12 @@ class ReplayGraph:
                 holders.setdefault(nd.storage, []).append(i)
         self._inputs = [[index[u] for u in nd.inputs] for nd in nodes]
         self._stale = self._stale_nodes(holders)
+        self._writers: dict[int, list[int]] = {}  # creating node -> forward in-place writers of its storages
+        for t in profile.tensors:
+            writers = [h for h in holders.get(t.id, []) if nodes[h].region in FORWARD_REGIONS
+                       and is_inplace(nodes[h].target)]
+            if writers:
+                self._writers.setdefault(index[t.created_at], []).extend(writers)
         # Per node: inputs, storages held (allocated or aliased), storages allocated; for the transient.
         sidx = {t.id: j for j, t in enumerate(profile.tensors)}
         self._storage_bytes = np.array([t.bytes for t in profile.tensors], dtype=np.int64)
@@ -134,13 +143,20 @@ class ReplayGraph:
         stack = list(start)
         while stack:
             r = stack.pop()
+            for w in self._writers.get(r, ()):
+                if w not in own:
+                    if nodes[w].replay != "ok":
+                        return own, stops, params, (f"recomputing it would replay {nodes[w].id} "
+                                                    f"({nodes[w].target}): {nodes[w].replay}")
+                    own.add(w)
+                    stack.append(w)
             via_getitem = nodes[r].target == "operator.getitem"
             for u in self._inputs[r]:
                 if u in own:
                     continue
                 nd = nodes[u]
                 s = nd.storage
-                if nd.op == "placeholder" or (s in self._placeholder_storages and not via_getitem):
+                if nd.op in ("placeholder", "get_attr") or (s in self._placeholder_storages and not via_getitem):
                     params.add(s or nd.id)
                     continue
                 if not via_getitem and s != target and s in self.act_index and not self._stale[u]:
@@ -210,12 +226,12 @@ class ReplayGraph:
         params = sorted({p for c in chain for p in self.params[c]})
         return Expansion(tuple(chain), tuple(sources), tuple(params), nodes, float(self.run_ms[nodes].sum()))
 
-    def transient_bytes(self, a: int, replay: np.ndarray) -> int:
+    def transient_bytes(self, a: int | list[int], replay: np.ndarray) -> int:
         """High-water mark of the storages a replay (sorted node indices) allocates, ``a``'s own included.
 
-        Values are freed after their last use inside the replay (FX codegen semantics), except ``a``, which
-        stays; a multi-output node keeps all its outputs until its last ``getitem``. Vectorised: replays span
-        hundreds of nodes once chains merge.
+        Values are freed after their last use inside the replay (FX codegen semantics), except ``a`` (one
+        activation, or the list a shared chain produces), which stays; a multi-output node keeps all its outputs
+        until its last ``getitem``. Vectorised: replays span hundreds of nodes once chains merge.
         """
         m = len(replay)
         if not m:

@@ -155,15 +155,19 @@ class Simulator:
         return exps, keep_until, transient
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def activation_memory(self, mask: np.ndarray, keep_until: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def activation_memory(self, mask: np.ndarray, keep_until: np.ndarray, back: np.ndarray | None = None
+                          ) -> tuple[np.ndarray, np.ndarray]:
         """Bytes of activations in memory during each node and just before it, for a recompute set.
 
         ``mask``: recomputed activations; ``keep_until``: for retained activations read by a recomputation,
-        the latest node before which such a recomputation runs (-1: none).
+        the latest node before which such a recomputation runs (-1: none); ``back``: the node before which each
+        recomputed activation is back in memory (default: its first backward use; earlier for an activation a
+        shared chain produces, see :mod:`acstudio.simulate.shared`).
         """
         rg = self.replay
         ret = ~mask
-        c, l_fw, f_bw, e, b = rg.created, rg.last_fw, rg.first_bw, rg.last_bw, rg.bytes
+        c, l_fw, e, b = rg.created, rg.last_fw, rg.last_bw, rg.bytes
+        f_bw = rg.first_bw if back is None else back
         node_end = np.where(ret, np.maximum(e, keep_until - 1), l_fw)
         bnd_end = np.where(ret, np.maximum(e, keep_until), l_fw)
         rc = np.flatnonzero(mask)
@@ -187,22 +191,29 @@ class Simulator:
                 timeline: bool = False):
         """:meth:`evaluate` from activation memory arrays already computed (or kept up to date by a caller)."""
         rg = self.replay
+        rc = np.flatnonzero(mask)
+        pre = np.zeros(len(rg.bytes), dtype=np.int64)
+        if rc.size:
+            # Bytes brought back by the recomputations that run earlier before the same node.
+            sorted_b = np.where(mask[self._order], rg.bytes[self._order], 0)
+            csum = np.concatenate([[0], np.cumsum(sorted_b)])
+            pre[self._order] = csum[:-1] - csum[self._group_start]
+        return self.peak_with_replays(acts_node, acts_between, rg.first_bw[rc], pre[rc], transient[rc], timeline)
+
+    def peak_with_replays(self, acts_node: np.ndarray, acts_between: np.ndarray, at: np.ndarray, held: np.ndarray,
+                          transient: np.ndarray, timeline: bool = False):
+        """Peak (and optionally the timeline, see :meth:`evaluate`) given the activation memory arrays and the
+        replays: replay ``j`` runs before node ``at[j]`` while the replays before it at the same node hold
+        ``held[j]`` bytes, and its own allocations reach ``transient[j]``."""
         lo, hi = self._lo, self._hi + 1
         mem = self.base[lo:hi] + acts_node[lo:hi]
         pos = int(np.argmax(mem))
         peak, pos, before = int(mem[pos]), pos + lo, False
         if (self._outside_peak, -self._outside_pos) > (peak, -pos):
             peak, pos = self._outside_peak, self._outside_pos
-        rc = np.flatnonzero(mask)
         rc_mem = None
-        if rc.size:
-            sorted_b = np.where(mask[self._order], rg.bytes[self._order], 0)
-            csum = np.concatenate([[0], np.cumsum(sorted_b)])
-            pre_sorted = csum[:-1] - csum[self._group_start]
-            pre = np.empty_like(pre_sorted)
-            pre[self._order] = pre_sorted
-            at = rg.first_bw[rc]
-            rc_mem = self.between[at] + acts_between[at] + pre[rc] + transient[rc]
+        if at.size:
+            rc_mem = self.between[at] + acts_between[at] + held + transient
             j = int(np.argmax(rc_mem))
             if rc_mem[j] > peak:
                 peak, pos, before = int(rc_mem[j]), int(at[j]), True
@@ -214,15 +225,14 @@ class Simulator:
         table[:, 3] = acts_node
         table[:, 5] = self.base - self._static_node.sum(axis=1)
         if rc_mem is not None:
-            # Per node, the recomputation with the highest memory, shown if it exceeds the node's own.
+            # Per node, the replay with the highest memory, shown if it exceeds the node's own.
             order = np.lexsort((rc_mem, at))
-            last = np.flatnonzero(np.append(at[order][1:] != at[order][:-1], True))
-            where, k, k_mem = at[order][last], rc[order][last], rc_mem[order][last]
-            win = k_mem > mem[where]
-            w, k = where[win], k[win]
+            last = order[np.flatnonzero(np.append(at[order][1:] != at[order][:-1], True))]
+            win = rc_mem[last] > mem[at[last]]
+            w, j = at[last][win], last[win]
             table[w, :3] = self._static_between[w]
-            table[w, 3] = acts_between[w] + pre[k]
-            table[w, 4] = transient[k]
+            table[w, 3] = acts_between[w] + held[j]
+            table[w, 4] = transient[j]
             table[w, 5] = self.between[w] - self._static_between[w].sum(axis=1)
         return peak, pos, before, table
 
