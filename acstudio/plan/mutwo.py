@@ -18,6 +18,7 @@ step whose reported peak fits.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -204,35 +205,32 @@ class Trajectory:
             return self.plan_at(int(np.argmin(self._own)), budget_bytes, self.stop_reason)
         return self.plan_at(j, budget_bytes, BASELINE_FITS if j == 0 else BUDGET_MET)
 
-    def shared_step_for_budget(self, budget_bytes: int, window: int = 2) -> int | None:
+    def shared_step_for_budget(self, budget_bytes: int, grid: int = 32, window: int = 2) -> int | None:
         """The step whose picks, replayed with shared chains, fit ``budget_bytes`` at the least extra time
-        (``None`` if the last step does not fit).
+        (``None`` if no evaluated step fits).
 
-        Binary search for the first fitting prefix, as if shared peaks fell with the prefix length, then the
-        ``window`` steps on either side; shared peaks are not exactly monotone, so only evaluated fits count.
+        Shared peaks first fall with the prefix length, then rise again (a long shared chain produces, and holds,
+        everything it passes through; all candidates shared is one replay of the whole forward). So: a grid of
+        ``grid`` prefixes, a binary search for the first fitting prefix below each fitting grid point, and the
+        ``window`` steps on either side; only evaluated fits count.
         """
-        cache: dict[int, tuple[int, int, float]] = {}
+        cache: dict[int, tuple[int, int, float]] = {0: (int(self._own[0]), 0, 0.0)}
 
-        def evaluate(j: int) -> tuple[int, int, float]:
+        def fits(j: int) -> bool:
             if j not in cache:
-                cache[j] = shared_peak(self._ctx.sim, self._picks[:j]) if j else (
-                    int(self._own[0]), 0, 0.0)
-            return cache[j]
+                cache[j] = shared_peak(self._ctx.sim, self._picks[:j])
+            return cache[j][0] <= budget_bytes
 
-        last = len(self._picks)
-        if evaluate(last)[0] > budget_bytes:
-            return None
-        lo, hi = 0, last
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if evaluate(mid)[0] <= budget_bytes:
-                hi = mid
-            else:
-                lo = mid + 1
-        for j in range(max(0, lo - window), min(last, lo + window) + 1):
-            evaluate(j)
-        fits = [j for j, (peak, _, _) in cache.items() if peak <= budget_bytes]
-        return min(fits, key=lambda j: (cache[j][2], j))
+        points = sorted({round(x) for x in np.linspace(0, len(self._picks), grid + 1)})
+        for lo, hi in itertools.pairwise(points):
+            if fits(hi) and not fits(lo):
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+                for k in range(max(0, hi - window), min(len(self._picks), hi + window) + 1):
+                    fits(k)
+        ok = [j for j, (peak, _, _) in cache.items() if peak <= budget_bytes]
+        return min(ok, key=lambda j: (cache[j][2], j)) if ok else None
 
     def best_plan_for_budget(self, budget_bytes: int) -> Plan:
         """:meth:`plan_for_budget`, or the shared-chain plan of a trajectory prefix if that fits too and is
