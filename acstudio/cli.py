@@ -125,7 +125,8 @@ def cmd_plan(args) -> int:
     state = "fits" if result.feasible else "INFEASIBLE"
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
-          f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed)")
+          f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
+          f"{'shared-chain replays' if result.share_chains else 'each replayed from kept tensors'})")
     print(f"stopped: {result.stop_reason}")
     if args.out:
         result.save(args.out)

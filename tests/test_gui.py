@@ -190,6 +190,12 @@ def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
     candidates = len(window.session.loaded.profile.activations) - len(window.session.loaded.template.excluded)
     assert len(state.plan.recomputed) == candidates
     qtbot.waitUntil(lambda: "recompute-all" in window.budget.others, timeout=30_000)
+    # per-module checkpointing runs with shared-chain replays; its timeline is simulated the same way
+    window.budget.solver.setCurrentText("per-module")
+    qtbot.waitUntil(lambda: window.session.state.plan.solver == "per-module" and window.session.state.complete)
+    state = window.session.state
+    assert state.plan.share_chains
+    assert state.sim.peak_bytes == state.plan.predicted_peak_bytes
 
 
 def test_selection_is_shared_by_timeline_graph_and_table(qtbot, window, tiny_profile_path):
@@ -593,3 +599,18 @@ def test_pyside_calls_cannot_exhaust_references_to_singletons(qtbot):
         timer.setInterval(5)  # a void call
         timer.timeout.emit()
     assert min(sys.getrefcount(None), sys.getrefcount(True), sys.getrefcount(False)) > 2**30
+
+
+def test_slider_answer_is_replaced_by_a_faster_shared_chain_plan(qtbot, window):
+    sample = Path(__file__).resolve().parent.parent / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz"
+    open_and_wait(qtbot, window, str(sample))
+    window.set_budget(4811 * 2**20)
+    quick = window.session.state.plan
+    assert not quick.share_chains  # the instant answer is read off the trajectory
+    qtbot.waitUntil(lambda: window.session.state.plan.share_chains and window.session.state.complete,
+                    timeout=30_000)
+    state = window.session.state
+    assert state.plan.predicted_extra_ms < quick.predicted_extra_ms
+    assert state.plan.predicted_peak_bytes <= 4811 * 2**20
+    assert state.sim.peak_bytes == state.plan.predicted_peak_bytes
+    assert "shared-chain" in window.budget.status_label.text()

@@ -113,7 +113,7 @@ def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profil
 
     profile = cached_profile(spec, dev, profile_path)
     budget_bytes = parse_budget(budget, profile.peak_bytes)
-    plan = mutwo_trajectory(profile).plan_for_budget(budget_bytes)
+    plan = mutwo_trajectory(profile).best_plan_for_budget(budget_bytes)
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
     # The optimizer as capture_step left it when the graph was traced: state created, CUDA Adam capturable.

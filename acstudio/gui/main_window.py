@@ -362,8 +362,9 @@ class MainWindow(QMainWindow):
         loaded = self.session.loaded
         candidates = len(loaded.profile.activations) - len(loaded.template.excluded)
         plan = state.plan
+        how = f"{plan.stop_reason}; shared-chain replays" if plan.share_chains else plan.stop_reason
         self.budget.show_prediction(plan.predicted_peak_bytes, plan.predicted_extra_ms, loaded.profile.iteration_ms,
-                                    len(plan.recomputed), candidates, plan.feasible, plan.stop_reason)
+                                    len(plan.recomputed), candidates, plan.feasible, how)
         self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)
         self.graph.recolour(self.session.graph_decisions(state))
         self.table_model.set_columns(self.session.table_columns(state))
@@ -576,7 +577,7 @@ class MainWindow(QMainWindow):
         from PySide6.QtWidgets import QApplication
 
         deadline = time.monotonic() + timeout_s
-        runners = [*self.runners.values(), self.session.plan_runner, self.graph.runner]
+        runners = [*self.runners.values(), self.session.plan_runner, self.session.faster_runner, self.graph.runner]
         while time.monotonic() < deadline:
             QApplication.processEvents()
             if not any(r.busy for r in runners):

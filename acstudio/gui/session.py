@@ -27,6 +27,7 @@ from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
 from acstudio.plan.mutwo import Trajectory, mutwo_trajectory, plan
 from acstudio.profile.model import Profile
+from acstudio.simulate.shared import simulate_execution
 from acstudio.simulate.simulator import SimResult, Simulator
 
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
@@ -120,13 +121,23 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
 
 
 def simulate_plan(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
-    return plan, loaded.simulator.simulate(plan.recomputed)
+    return plan, simulate_execution(loaded.simulator, plan.recomputed, plan.share_chains)
 
 
 def solver_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None) -> tuple[Plan, SimResult]:
     result = plan(loaded.profile, budget, solver, loaded.simulator, cancel)
     check(cancel)
-    return result, loaded.simulator.simulate(result.recomputed)
+    return result, simulate_execution(loaded.simulator, result.recomputed, result.share_chains)
+
+
+def faster_plan(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult] | None:
+    """μ-TWO's plan with shared-chain replays when that is predicted faster than the slider's quick answer
+    (tens of simulations, ~0.1 s: too slow for every slider step, so it follows in the background)."""
+    best = loaded.trajectory.best_plan_for_budget(budget)
+    check(cancel)
+    if not best.share_chains:
+        return None
+    return best, simulate_execution(loaded.simulator, best.recomputed, True)
 
 
 class Session(QObject):
@@ -147,11 +158,15 @@ class Session(QObject):
         self.plan_runner = JobRunner("plan", self)
         self.plan_runner.resultReady.connect(self._on_simulated)
         self.plan_runner.failed.connect(self.failed)
-        self._cache: OrderedDict[tuple[str, tuple[str, ...]], SimResult] = OrderedDict()
+        self.faster_runner = JobRunner("faster plan", self)
+        self.faster_runner.resultReady.connect(self._on_faster)
+        self.faster_runner.failed.connect(self.failed)
+        self._cache: OrderedDict[tuple[str, tuple[str, ...], bool], SimResult] = OrderedDict()
 
     # -- profile ---------------------------------------------------------------------------------------------
     def set_loaded(self, loaded: Loaded) -> None:
         self.plan_runner.cancel()
+        self.faster_runner.cancel()
         self.loaded = loaded
         self.state = None
         self.selected = ""
@@ -172,16 +187,29 @@ class Session(QObject):
         ``planChanged``); other solvers plan from scratch in the background and report only then."""
         loaded = self.loaded
         if self.solver != "mutwo":
+            self.faster_runner.cancel()
             self.plan_runner.submit(partial(solver_plan, loaded, budget, self.solver))
             return None
         self.show(loaded.trajectory.plan_for_budget(budget))
+        self.faster_runner.submit(partial(faster_plan, loaded, budget))
         return self.state
+
+    def _on_faster(self, result: tuple[Plan, SimResult] | None) -> None:
+        """Replace the quick answer by the shared-chain plan if the user is still at that budget."""
+        current = self.state.plan if self.state is not None else None
+        if result is None or current is None or current.solver != "mutwo":
+            return
+        plan, sim = result
+        if plan.budget_bytes != current.budget_bytes or plan.predicted_extra_ms >= current.predicted_extra_ms:
+            return
+        self._cache[self._key(plan)] = sim
+        self.show(plan)
 
     def show(self, plan: Plan) -> None:
         """Make ``plan`` the current one; its simulated timeline comes from the cache or a background job."""
         plan.check_profile(self.loaded.profile)
         self.solver = plan.solver
-        key = (plan.solver, tuple(plan.recomputed))
+        key = self._key(plan)
         sim = self._cache.get(key)
         self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile))
         if sim is not None:
@@ -191,9 +219,13 @@ class Session(QObject):
             self.plan_runner.submit(partial(simulate_plan, self.loaded, plan))
         self.planChanged.emit(self.state)
 
+    @staticmethod
+    def _key(plan: Plan) -> tuple[str, tuple[str, ...], bool]:
+        return plan.solver, tuple(plan.recomputed), plan.share_chains
+
     def _on_simulated(self, result: tuple[Plan, SimResult]) -> None:
         plan, sim = result
-        self._cache[(plan.solver, tuple(plan.recomputed))] = sim
+        self._cache[self._key(plan)] = sim
         while len(self._cache) > CACHE_PLANS:
             self._cache.popitem(last=False)
         if self.state is None or self.state.plan is not plan:  # another solver's plan: new, complete
@@ -249,4 +281,5 @@ class Session(QObject):
         return cols
 
     def shutdown(self) -> None:
+        self.faster_runner.shutdown()
         self.plan_runner.shutdown()

@@ -140,3 +140,8 @@ def simulate_shared(profile_or_simulator: Profile | Simulator, recomputed: Colle
     per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
     return SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms, timeline=table,
                      recompute_ms=per)
+
+
+def simulate_execution(simulator: Simulator, recomputed: Collection[str], share_chains: bool) -> SimResult:
+    """The simulated step the rewriter produces for ``recomputed`` in the plan's replay mode."""
+    return simulate_shared(simulator, recomputed) if share_chains else simulator.simulate(recomputed)
