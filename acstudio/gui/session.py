@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 import pandas as pd
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from acstudio.errors import ACStudioError, ProfileFileError
 from acstudio.gui.graph_layout import ModuleTree
@@ -30,6 +30,7 @@ from acstudio.profile.model import Profile
 from acstudio.simulate.shared import simulate_execution
 from acstudio.simulate.simulator import SimResult, Simulator
 
+FASTER_PLAN_DELAY_MS = 300  # budget at rest this long before the shared-chain search runs
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
 TABLE_PLAN_COLUMNS = ("decision", "why", "step", "sources", "replay_nodes", "recompute_ms", "ratio")
 
@@ -161,11 +162,18 @@ class Session(QObject):
         self.faster_runner = JobRunner("faster plan", self)
         self.faster_runner.resultReady.connect(self._on_faster)
         self.faster_runner.failed.connect(self.failed)
+        # The shared-chain search (~0.1 s of Python) waits until the budget rests, so it never competes with
+        # a slider drag for the interpreter.
+        self._faster_timer = QTimer(self)
+        self._faster_timer.setSingleShot(True)
+        self._faster_timer.setInterval(FASTER_PLAN_DELAY_MS)
+        self._faster_timer.timeout.connect(self._search_faster)
         self._cache: OrderedDict[tuple[str, tuple[str, ...], bool], SimResult] = OrderedDict()
 
     # -- profile ---------------------------------------------------------------------------------------------
     def set_loaded(self, loaded: Loaded) -> None:
         self.plan_runner.cancel()
+        self._faster_timer.stop()
         self.faster_runner.cancel()
         self.loaded = loaded
         self.state = None
@@ -187,12 +195,18 @@ class Session(QObject):
         ``planChanged``); other solvers plan from scratch in the background and report only then."""
         loaded = self.loaded
         if self.solver != "mutwo":
+            self._faster_timer.stop()
             self.faster_runner.cancel()
             self.plan_runner.submit(partial(solver_plan, loaded, budget, self.solver))
             return None
         self.show(loaded.trajectory.plan_for_budget(budget))
-        self.faster_runner.submit(partial(faster_plan, loaded, budget))
+        self.faster_runner.cancel()
+        self._faster_timer.start()
         return self.state
+
+    def _search_faster(self) -> None:
+        if self.loaded is not None and self.state is not None and self.state.plan.solver == "mutwo":
+            self.faster_runner.submit(partial(faster_plan, self.loaded, self.state.plan.budget_bytes))
 
     def _on_faster(self, result: tuple[Plan, SimResult] | None) -> None:
         """Replace the quick answer by the shared-chain plan if the user is still at that budget."""
@@ -281,5 +295,6 @@ class Session(QObject):
         return cols
 
     def shutdown(self) -> None:
+        self._faster_timer.stop()
         self.faster_runner.shutdown()
         self.plan_runner.shutdown()
