@@ -139,3 +139,20 @@ def test_memory_curve_is_streamed_while_measuring():
     streamed = [v for _, peaks, _ in chunks for v in peaks]
     # the streamed curve is the profile's (the output node, which runs nothing, is settled afterwards)
     assert streamed[:-1] == [node.mem_peak for node in profile.nodes][:-1]
+
+
+def test_time_scale_prices_recomputation_like_the_h200_measured_it():
+    """Node-by-node GPU times include launch gaps; scaled to the whole step they predict the measured cost."""
+    from pathlib import Path
+
+    from acstudio.plan.mutwo import mutwo_trajectory
+
+    root = Path(__file__).resolve().parent.parent
+    profile = Profile.load(root / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz")
+    raw = sum(n.run_time_ms for n in profile.nodes)
+    assert 0 < profile.time_scale < 1 and profile.time_scale == pytest.approx(profile.iteration_ms / raw)
+    bench = json.loads((root / "results" / "bench_h200_resnet152_bs64.json").read_text())
+    rows = {r["config"]: r for r in bench["rows"]}
+    measured = rows["rewritten@4811MiB"]["time_ms_median"] - rows["captured"]["time_ms_median"]
+    predicted = mutwo_trajectory(profile).plan_for_budget(4811 * 2**20).predicted_extra_ms
+    assert predicted == pytest.approx(measured, rel=0.25)  # unscaled node times predicted 2.2x the measured cost

@@ -241,7 +241,8 @@ class Trajectory:
         if j is None or j == 0:
             return again
         shared = self._ctx.shared_plan_for_set("mutwo", budget_bytes, self._picks[:j], BUDGET_MET)
-        if again.feasible and again.predicted_extra_ms <= shared.predicted_extra_ms:
+        # A tie (equal up to float rounding) keeps μ-TWO's own replays.
+        if again.feasible and again.predicted_extra_ms <= shared.predicted_extra_ms * (1 + 1e-9):
             return again
         return shared
 

@@ -62,7 +62,7 @@ class ReplayGraph:
         index = profile.node_index
         n = len(nodes)
         self.n_nodes = n
-        self.run_ms = np.array([nd.run_time_ms for nd in nodes], dtype=np.float64)
+        self.run_ms = np.array([nd.run_time_ms for nd in nodes], dtype=np.float64) * profile.time_scale
 
         acts = profile.activations
         self.act_ids = [a.id for a in acts]
