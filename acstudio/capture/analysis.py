@@ -78,18 +78,23 @@ class GraphAnalysis:
 
     def live_bytes_after(self) -> list[int]:
         """Bytes of storages alive after each node, by the same free-after-last-use rule as FX codegen."""
-        n = len(self.nodes)
-        delta = [0] * (n + 1)
         size = {t.id: t.bytes for t in self.tensors}
-        for sid, (start, end) in self.live_range.items():
-            delta[start] += size[sid]
-            if end is not None:
-                delta[end + 1] -= size[sid]
-        out, running = [], 0
-        for i in range(n):
-            running += delta[i]
-            out.append(running)
-        return out
+        return bytes_alive(((start, end, size[sid]) for sid, (start, end) in self.live_range.items()),
+                           len(self.nodes))
+
+
+def bytes_alive(spans, n: int) -> list[int]:
+    """Bytes alive at each of ``n`` positions for ``(start, last, nbytes)`` spans (``last`` None: to the end)."""
+    delta = [0] * (n + 1)
+    for start, last, nbytes in spans:
+        delta[start] += nbytes
+        if last is not None:
+            delta[last + 1] -= nbytes
+    out, running = [], 0
+    for i in range(n):
+        running += delta[i]
+        out.append(running)
+    return out
 
 
 def analyze(step: CapturedStep, device_type: str) -> GraphAnalysis:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from acstudio.capture.analysis import bytes_alive
 from acstudio.profile.model import Profile
 
 RESIDENT_CATEGORIES = {"parameter", "buffer", "optimizer_state", "input"}
@@ -35,17 +36,8 @@ def live_bytes(gm: fx.GraphModule, profile: Profile) -> list[int]:
         for key in _keys(n, storages):
             start.setdefault(key, i)
             end[key] = max(end.get(key, i), last)
-    delta = [0] * (len(nodes) + 1)
-    for key, s in start.items():
-        nbytes = size[key.partition("@")[0]]
-        delta[s] += nbytes
-        if key not in forever:
-            delta[end[key] + 1] -= nbytes
-    out, running = [], 0
-    for i in range(len(nodes)):
-        running += delta[i]
-        out.append(running)
-    return out
+    return bytes_alive(((s, None if key in forever else end[key], size[key.partition("@")[0]])
+                        for key, s in start.items()), len(nodes))
 
 
 def _keys(n: fx.Node, storages: dict[str, list[str]]) -> list[str]:

@@ -179,10 +179,23 @@ class ReplayGraph:
         ``recomputed`` is a boolean mask over activations or a collection of indices.
         """
         is_rc = recomputed.__getitem__ if isinstance(recomputed, np.ndarray) else recomputed.__contains__
-        at = self.first_bw[a]
         chain, sources = [a], set()
-        seen = {a}
-        stack = [a]
+        self._walk_stops(a, [a], {a}, is_rc, chain, sources)
+        return chain, sorted(sources)
+
+    def extend_chain(self, a: int, chain: list[int], sources: list[int], t: int,
+                     recomputed: np.ndarray) -> tuple[list[int], list[int]]:
+        """``expand_chain`` after source ``t`` of ``a`` became recomputed and is not resident for ``a``: only
+        t's side is walked (Alg F's ``srcs -= {t}; srcs |= t.srcs``, deduplicated). Returns new lists."""
+        new_chain, found = [*chain, t], set()
+        self._walk_stops(a, [t], {*chain, *sources}, recomputed.__getitem__, new_chain, found)
+        return new_chain, sorted(found.union(sources).difference((t,)))
+
+    def _walk_stops(self, a: int, stack: list[int], seen: set[int], is_rc, chain: list[int], sources: set[int]
+                    ) -> None:
+        """Walk the stop graph from ``stack``: recomputed activations not resident at ``a``'s first backward use
+        join ``chain`` (and are walked through), everything else met is a source of ``a``."""
+        at = self.first_bw[a]
         while stack:
             for s in self.stops[stack.pop()]:
                 if s in seen:
@@ -193,27 +206,6 @@ class ReplayGraph:
                     stack.append(s)
                 else:
                     sources.add(s)
-        return chain, sorted(sources)
-
-    def extend_chain(self, a: int, chain: list[int], sources: list[int], t: int,
-                     recomputed: np.ndarray) -> tuple[list[int], list[int]]:
-        """``expand_chain`` after source ``t`` of ``a`` became recomputed and is not resident for ``a``: only
-        t's side is walked (Alg F's ``srcs -= {t}; srcs |= t.srcs``, deduplicated). Returns new lists."""
-        at = self.first_bw[a]
-        new_chain, found = [*chain, t], set()
-        seen = {*chain, *sources}
-        stack = [t]
-        while stack:
-            for s in self.stops[stack.pop()]:
-                if s in seen:
-                    continue
-                seen.add(s)
-                if recomputed[s] and not (self.first_bw[s] <= at <= self.last_bw[s]):
-                    new_chain.append(s)
-                    stack.append(s)
-                else:
-                    found.add(s)
-        return new_chain, sorted(found.union(sources).difference((t,)))
 
     def chain_nodes(self, chain: list[int]) -> np.ndarray:
         if len(chain) == 1:
