@@ -137,15 +137,11 @@ def test_storage_tracker_counts_storages_once_until_freed():
     assert tracker.live == 1024
 
 
-HAVE_REWRITER = all(importlib.util.find_spec(m) for m in ("acstudio.plan", "acstudio.rewrite")) and all(
-    importlib.util.find_spec(m) for m in ("acstudio.plan.mutwo", "acstudio.plan.budget", "acstudio.rewrite.rewriter"))
-
-
 @pytest.fixture(scope="module")
 def bert_bench(tmp_path_factory):
     """One CPU run of tiny BERT in every configuration that needs no compiler (one process each)."""
     out = tmp_path_factory.mktemp("bench")
-    configs = ["eager", "per-block", "captured"] + (["rewritten"] if HAVE_REWRITER else [])
+    configs = ["eager", "per-block", "captured", "rewritten", "rewritten@per-block"]
     seen = []
     results = run_bench(tiny_spec("bert", batch_size=2, seq_len=32), [4], configs, ["50%"], device="cpu",
                         out_dir=out, warmup=1, iters=3, progress=lambda done, total, msg: seen.append((done, total)))
@@ -185,8 +181,6 @@ def test_run_bench_tiny_bert_on_cpu(bert_bench):
         "000_eager_bs4.json", "001_per_block_bs4.json", "002_captured_bs4.json"]
 
 
-@pytest.mark.skipif(not HAVE_REWRITER, reason="the planner (acstudio.plan.mutwo/budget) or the rewriter "
-                                              "(acstudio.rewrite.rewriter) is not written yet")
 def test_rewritten_step_saves_memory_and_keeps_the_loss(bert_bench):
     out, results, _ = bert_bench
     rows = {r["config"]: r for r in results.rows}
@@ -197,6 +191,22 @@ def test_rewritten_step_saves_memory_and_keeps_the_loss(bert_bench):
     assert rewritten["peak_bytes"] < captured["peak_bytes"]
     assert rewritten["loss"] == pytest.approx(captured["loss"], rel=1e-4)
     assert len(list((out / "profiles").glob("bert_bs4_*.json.gz"))) == 1
+    compared = {r["config"]: r for r in results.compared()}["rewritten@50%"]
+    plan = rewritten["details"]["plan"]
+    assert compared["predicted_peak_mib"] == plan["predicted_peak_bytes"] / 2**20
+    assert compared["fits_budget"] == (rewritten["peak_bytes"] <= plan["budget_bytes"])
+
+
+def test_rewritten_at_another_configurations_peak_plans_for_that_measured_peak(bert_bench):
+    _, results, _ = bert_bench
+    rows = {r["config"]: r for r in results.rows}
+    row = rows["rewritten@per-block"]
+    assert row["status"] == "ok", row["message"]
+    assert row["details"]["budget_bytes"] == rows["per-block"]["peak_bytes"]
+    assert BenchConfig.parse("rewritten@compile@0.5").budget_reference == BenchConfig("compile", "0.5")
+    assert BenchConfig.parse("rewritten@60%").budget_reference is None
+    with pytest.raises(ACStudioError, match="another rewritten"):
+        BenchConfig.parse("rewritten@rewritten@50%")
 
 
 TINY_MLP = (
@@ -253,6 +263,15 @@ def test_out_of_memory_and_errors_are_recorded_not_raised(faulty, tmp_path):
     dead = run_worker(worker_cfg(faulty("exit"), "eager"), tmp_path / "dead", timeout_s=120)
     assert dead["status"] == "error" and "exited with status 3" in dead["message"]
     assert dead["config"] == "eager" and dead["batch_size"] == 2
+
+
+def test_rewritten_without_its_reference_peak_is_skipped_not_guessed(faulty, tmp_path):
+    results = run_bench(faulty("error"), [2], ["rewritten@per-block"], device="cpu", out_dir=tmp_path, warmup=1,
+                        iters=3)
+    ref, row = results.rows
+    assert ref["config"] == "per-block" and ref["status"] == "error"
+    assert row["status"] == "skipped" and "per-block has no measured peak at batch size 2" in row["message"]
+    assert not (tmp_path / "workers" / "001_rewritten_per_block_bs2.json").exists()
 
 
 def test_hanging_worker_times_out_and_cancel_kills_it(faulty, tmp_path):

@@ -1,5 +1,8 @@
 """Benchmark configuration names (``eager``, ``captured``, ``rewritten@60%``, ``per-block``, ``compile@0.5``).
 
+``rewritten@per-block`` (or ``rewritten@compile@0.5``) plans for the measured peak of that other configuration
+at the same batch size in the same run: the side-by-side comparison "fit where it fits, and be faster".
+
 Each configuration is compared against the one a user would otherwise run: per-block checkpointing,
 the captured graph and ``torch.compile`` against eager; a rewritten graph against the captured graph it
 came from; ``torch.compile`` with a memory budget against ``torch.compile`` without one.
@@ -37,6 +40,13 @@ class BenchConfig:
         return "eager"
 
     @property
+    def budget_reference(self) -> BenchConfig | None:
+        """For ``rewritten@per-block`` and the like: the configuration whose measured peak is the budget."""
+        if self.kind != "rewritten" or self.arg is None or self.arg.partition("@")[0] not in KINDS:
+            return None
+        return BenchConfig.parse(self.arg)
+
+    @property
     def memory_ratio(self) -> float | None:
         return float(self.arg) if self.kind == "compile" and self.arg is not None else None
 
@@ -60,6 +70,8 @@ class BenchConfig:
                                     "e.g. compile@0.5")
             return cls(kind, arg)
         if kind == "rewritten":
+            if arg.partition("@")[0] in KINDS and BenchConfig.parse(arg).kind == "rewritten":
+                raise ACStudioError(f"{text!r}: a rewritten step's budget cannot be another rewritten step's peak")
             return cls(kind, arg)
         raise ACStudioError(f"{text!r}: only rewritten and compile take an '@' argument")
 

@@ -30,7 +30,8 @@ MiB = 2**20
 # Columns of the CSV, in this order; ``details.*`` columns (configuration-specific) follow.
 CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "phase", "device", "status", "message",
                "peak_bytes", "peak_mib", "resident_bytes", "time_ms_median", "time_ms_q1", "time_ms_q3",
-               "time_ms_iqr", "overhead_pct", "time_vs_eager_pct", "memory_saving_pct", "loss", "warmup", "iters",
+               "time_ms_iqr", "overhead_pct", "time_vs_eager_pct", "memory_saving_pct", "budget_mib",
+               "predicted_peak_mib", "peak_error_pct", "fits_budget", "loss", "warmup", "iters",
                "setup_s", "wall_s", "gpu", "torch", "cuda", "command")
 
 
@@ -63,8 +64,9 @@ def _pct(value: float | None, base: float | None) -> float | None:
 
 def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with ``overhead_pct`` (time against the configuration's own baseline at the same batch size),
-    ``time_vs_eager_pct`` and ``memory_saving_pct`` (peak below eager's, in percent) added; ``None`` where the
-    row or its reference did not run successfully."""
+    ``time_vs_eager_pct`` and ``memory_saving_pct`` (peak below eager's, in percent) added, and for rewritten
+    steps the plan's budget and predicted peak beside the measured one; ``None`` where the row or its
+    reference did not run successfully."""
     ok = {(r["batch_size"], r["config"]): r for r in rows if r.get("status") == "ok"}
     out = []
     for r in rows:
@@ -78,6 +80,12 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         saving = _pct(peak, eager.get("peak_bytes")) if eager else None
         r["memory_saving_pct"] = None if saving is None else 0.0 - saving
         r["peak_mib"] = None if peak is None else peak / MiB
+        plan = (r.get("details") or {}).get("plan") or {}
+        budget, predicted = plan.get("budget_bytes"), plan.get("predicted_peak_bytes")
+        r["budget_mib"] = None if budget is None else budget / MiB
+        r["predicted_peak_mib"] = None if predicted is None else predicted / MiB
+        r["peak_error_pct"] = _pct(peak, predicted) if peak is not None and predicted else None
+        r["fits_budget"] = None if peak is None or budget is None else peak <= budget
         out.append(r)
     return out
 
@@ -140,17 +148,21 @@ class BenchResults:
 
     def summary(self) -> str:
         """A Markdown table of the results (and the max-batch searches), for a terminal or a report."""
-        lines = ["| batch | configuration | status | peak MiB | step ms (IQR) | overhead | vs eager mem |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = ["| batch | configuration | status | peak MiB | step ms (IQR) | overhead | vs eager mem | budget |",
+                 "|---|---|---|---|---|---|---|---|"]
         for r in sorted(self.compared(), key=lambda r: (r["batch_size"], r.get("phase") != "sweep")):
             if r["status"] != "ok":
-                lines.append(f"| {r['batch_size']} | {r['config']} | {r['status']}: {r['message'][:60]} | | | | |")
+                lines.append(f"| {r['batch_size']} | {r['config']} | {r['status']}: {r['message'][:60]} | | | | | |")
                 continue
             peak = f"{r['peak_mib']:.1f}" if r["peak_mib"] is not None else "n/a"
             over = f"{r['overhead_pct']:+.1f}% vs {r['baseline']}" if r["overhead_pct"] is not None else ""
             mem = f"{-r['memory_saving_pct']:+.1f}%" if r["memory_saving_pct"] is not None else ""
+            plan = ""
+            if r["budget_mib"] is not None:
+                plan = (f"{r['budget_mib']:.0f} MiB ({'fits' if r['fits_budget'] else 'OVER'}), "
+                        f"predicted {r['predicted_peak_mib']:.0f} MiB")
             lines.append(f"| {r['batch_size']} | {r['config']} | ok | {peak} | {r['time_ms_median']:.1f} "
-                         f"({r['time_ms_iqr']:.1f}) | {over} | {mem} |")
+                         f"({r['time_ms_iqr']:.1f}) | {over} | {mem} | {plan} |")
         for f in self.fits:
             capped = f" (search limit {f['limit']})" if f["capped"] else ""
             lines.append(f"\nlargest batch within {f['budget']}: {f['config']} {f['max_batch']}{capped}")

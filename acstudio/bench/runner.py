@@ -161,9 +161,21 @@ class _Bench:
             "command": bench_args(spec, [batch_size], [config.name], device=self.device, out_dir=str(self.out),
                                   warmup=self.warmup, iters=self.iters, compile_backend=self.compile_backend),
         }
+        reference = config.budget_reference
+        if reference is not None:
+            ref_row = self.measure(reference, batch_size, phase, total)
+            if ref_row["status"] != "ok" or not ref_row.get("peak_bytes"):
+                row = base_row(cfg) | {"status": "skipped", "phase": phase,
+                                       "message": f"no budget: {reference.name} has no measured peak at batch "
+                                                  f"size {batch_size} ({ref_row['status']})"}
+                return self._record(key, row)
+            cfg["budget"] = f"{ref_row['peak_bytes']}B"
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
         row = run_worker(cfg, stem, timeout_s=self.timeout_s, cancel=self.cancel)
         row["phase"] = phase
+        return self._record(key, row)
+
+    def _record(self, key: tuple[str, int], row: dict[str, Any]) -> dict[str, Any]:
         self.measured[key] = row
         self.results.rows.append(row)
         self.results.save(self.out)

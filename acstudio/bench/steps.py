@@ -196,7 +196,9 @@ def enable_per_block(workload: Workload) -> int | None:
 
 
 def prepare(config: BenchConfig, spec: WorkloadSpec, dev: torch.device, *, profile_path: str | None = None,
-            compile_backend: str = "inductor") -> Prepared:
+            compile_backend: str = "inductor", budget: str | None = None) -> Prepared:
+    """Build ``config``; ``budget`` overrides a rewritten step's own argument (the runner resolves
+    ``rewritten@per-block`` to the per-block peak it measured)."""
     if config.kind == "eager":
         return prepare_eager(spec, dev)
     if config.kind == "per-block":
@@ -206,5 +208,5 @@ def prepare(config: BenchConfig, spec: WorkloadSpec, dev: torch.device, *, profi
     if config.kind == "captured":
         return prepare_captured(spec, dev)
     if config.kind == "rewritten":
-        return prepare_rewritten(spec, dev, config.arg or "", profile_path)
+        return prepare_rewritten(spec, dev, budget or config.arg or "", profile_path)
     raise ACStudioError(f"unknown configuration {config.name}")

@@ -2,9 +2,10 @@
 
 Usage: ``python -m acstudio.bench.worker [CONFIG.json | '{...}']`` (or the JSON on stdin). The config holds
 ``spec`` (a WorkloadSpec dict), ``config`` (e.g. ``"per-block"``), ``device``, ``warmup``, ``iters`` and
-optionally ``profile_path``, ``compile_backend`` and ``command`` (the ``acstudio bench`` line that reproduces
-it). A fresh process per configuration means no allocator cache, compile cache, functorch setting or
-fragmentation carries over from another configuration (design note E.6).
+optionally ``profile_path``, ``compile_backend``, ``budget`` (a rewritten step's resolved budget) and
+``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
+allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration
+(design note E.6).
 
 Running out of memory is a result (``"status": "oom"``), any other failure is ``"status": "error"`` with
 the message; either way the line is printed and the exit status is 0. Everything else the libraries print
@@ -51,7 +52,7 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     config = BenchConfig.parse(cfg["config"])
     t0 = time.perf_counter()
     prepared = prepare(config, spec, dev, profile_path=cfg.get("profile_path"),
-                       compile_backend=cfg.get("compile_backend", "inductor"))
+                       compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"))
     setup_s = time.perf_counter() - t0
     # The same random stream for every configuration, so dropout masks (and so losses) agree step by step.
     torch.manual_seed(spec.seed + 1)
