@@ -255,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--configs", default="eager,per-block,captured,rewritten",
-                   help="comma-separated: eager, captured, per-block, compile, compile@R, rewritten, rewritten@B")
+                   help="comma-separated: eager, captured, per-block, compile, compile@R, rewritten, rewritten@B "
+                        "(B: a budget such as 6GiB or 60%%, or another configuration, e.g. rewritten@per-block "
+                        "plans for per-block's measured peak at the same batch size)")
     p.add_argument("--budgets", default="60%", help="budgets for a bare `rewritten` (comma-separated)")
     p.add_argument("--fit-budget", help="also search the largest batch whose peak fits this size (e.g. 6GiB)")
     p.add_argument("--max-batch", type=int, default=4096)
