@@ -103,6 +103,18 @@ torch.save(out, {str(tmp_path / "outputs.pt")!r})
         assert torch.equal(a, b)
 
 
+def test_exported_graph_creates_tensors_on_the_current_device_not_a_fixed_gpu():
+    graph = torch.fx.Graph()
+    ones = graph.call_function(torch.ops.aten.ones.default, ([2],),
+                               {"device": torch.device("cuda", 0), "dtype": torch.float32})
+    graph.output([ones, graph.call_function(torch.ops.aten.add.Tensor, (ones, torch.device("cuda", 3)))])
+    gm = torch.fx.GraphModule({}, graph)
+    exporter.without_device_index(gm)
+    assert ones.kwargs["device"] == torch.device("cuda") and ones.kwargs["dtype"] is torch.float32
+    assert ones.next.args[1] == torch.device("cuda")
+    assert "index" not in gm.code and "device(type='cuda')" in gm.code
+
+
 def test_refuses_what_it_was_not_made_for(tmp_path):
     spec, _, _, _, profile = captured("bert")
     export(profile, pick(profile, 0.5), tmp_path / "out")
@@ -120,6 +132,11 @@ def test_refuses_what_it_was_not_made_for(tmp_path):
         acstudio.load_step(out, w.model, torch.optim.Adam(w.model.parameters(), lr=1e-2))
     with pytest.raises(ExportMismatchError, match="does not update parameter"):
         acstudio.load_step(out, w.model, torch.optim.Adam(list(w.model.parameters())[1:], lr=1e-3))
+
+    split = build_workload(spec)
+    split.model.cls.to("meta")
+    with pytest.raises(ExportMismatchError, match="spread over cpu, meta"):
+        acstudio.load_step(out, split.model, split.make_optimizer())
 
     opt = w.make_optimizer()
     step = acstudio.load_step(out, w.model, opt)

@@ -56,8 +56,11 @@ def export(profile: Profile, plan, out_dir: str | os.PathLike, progress: Progres
     report(progress, 1, 4, "describing the workload")
     spec = WorkloadSpec.from_dict(profile.workload)
     manifest = build_manifest(profile, rewritten, spec, recomputed)
+    without_device_index(rewritten.gm)
     source = module_source(rewritten.gm, profile)
-    constants = {n.target: getattr(rewritten.gm, n.target) for n in rewritten.gm.graph.nodes if n.op == "get_attr"}
+    # Saved on the CPU; Step(device) loads them onto the model's device.
+    constants = {n.target: getattr(rewritten.gm, n.target).cpu() for n in rewritten.gm.graph.nodes
+                 if n.op == "get_attr"}
     names = []
     report(progress, 2, 4, "writing files")
     with atomic_dir(out_dir) as tmp:
@@ -118,6 +121,19 @@ def build_manifest(profile: Profile, step: RewrittenStep, spec: WorkloadSpec, re
 
 
 # -- step.py ---------------------------------------------------------------------------------------------------
+def without_device_index(gm: fx.GraphModule) -> None:
+    """Make tensors the graph creates land on the *current* device (``cuda``, not ``cuda:0``), so a step captured
+    on one GPU runs on whichever GPU ``load_step`` finds the model on."""
+
+    def strip(value):
+        return torch.device(value.type) if isinstance(value, torch.device) and value.index is not None else value
+
+    for node in gm.graph.nodes:
+        node.args = pytree.tree_map(strip, node.args)
+        node.kwargs = pytree.tree_map(strip, node.kwargs)
+    gm.recompile()
+
+
 def module_source(gm: fx.GraphModule, profile: Profile) -> str:
     """The graph's generated Python as a module that needs only torch: ``Step()(*flat_inputs)``."""
     code = gm.graph.python_code(root_module="self")
@@ -144,7 +160,8 @@ Step()(*flat_inputs) runs one whole iteration (forward, loss, backward, optimize
 [loss, *gradients]; it updates the parameter, buffer and optimizer-state tensors it is given in place. The input
 order is manifest.json's "inputs". Activations chosen for recomputation are freed after their last forward use
 and replayed (nodes named *_rc*) right before their first backward use. Use acstudio.load_step to bind it to a
-model and an optimizer, or call it yourself under torch.no_grad().
+model and an optimizer, or call it yourself under torch.no_grad() (and, on a GPU other than the current one,
+inside torch.cuda.device(...)).
 """
 
 import os
@@ -153,11 +170,11 @@ import os
 
 
 class Step(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, device="{profile.environment.get("device_type", "cpu")}"):
         super().__init__()
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "{CONSTANTS}")
         if os.path.exists(path):  # tensors the traced code created from Python constants
-            for name, value in torch.load(path, weights_only=True).items():
+            for name, value in torch.load(path, weights_only=True, map_location=device).items():
                 setattr(self, name, value)
 
 {body}

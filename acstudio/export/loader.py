@@ -8,6 +8,7 @@ mismatch is a clear error instead of a wrong update.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import os
@@ -41,14 +42,19 @@ class LoadedStep:
         self.manifest = manifest
         self.model = model
         self.optimizer = optimizer
+        self.device = next(model.parameters()).device
         module = _import(directory / manifest["module"])
         # The generated module has the captured graph's calling convention, so CapturedStep can feed it.
-        self._step = CapturedStep(gm=module.Step(), inputs=[InputSlot(i["kind"], i["key"]) for i in manifest["inputs"]],
+        self._step = CapturedStep(gm=module.Step(self.device),
+                                  inputs=[InputSlot(i["kind"], i["key"]) for i in manifest["inputs"]],
                                   grad_params=list(manifest["grad_params"]))
 
     def __call__(self, batch: Any) -> torch.Tensor:
         check_hyperparameters(self.manifest, self.optimizer)
-        return self._step.run(self.model, self.optimizer, ordered_batch(self.manifest, batch))
+        # Tensors the graph creates go to the current device: make that the model's GPU.
+        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        with on_device:
+            return self._step.run(self.model, self.optimizer, ordered_batch(self.manifest, batch))
 
 
 def load_step(directory: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> LoadedStep:
@@ -100,6 +106,9 @@ def check_model(manifest: dict, model: torch.nn.Module) -> None:
     elsewhere = [n for n, p in model.named_parameters() if p.device.type != manifest["device"]]
     if elsewhere:
         problems.append(f"parameter {elsewhere[0]} is not on {manifest['device']}, where the step was captured")
+    devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
+    if len(devices) > 1:
+        problems.append(f"the model is spread over {', '.join(sorted(map(str, devices)))}; the step runs on one device")
     _refuse(problems, "model")
 
 
