@@ -351,6 +351,9 @@ def test_gpu_bench_measures_allocator_peaks(tmp_path):
         assert r["status"] == "ok", r["message"]
         assert r["environment"]["gpu"] == torch.cuda.get_device_name() and not r["environment"]["cudnn_benchmark"]
         assert r["peak_bytes"] % 512 == 0 and r["peak_bytes"] > r["resident_bytes"] > 0
+        counts = r["details"]["allocator_during_timing"]
+        assert sorted(counts) == ["num_alloc_retries", "num_device_alloc", "num_device_free"]
+        assert counts["num_alloc_retries"] == 0 and min(counts.values()) >= 0  # a tiny step never exhausts an H200
     assert rows["per-block"]["peak_bytes"] < rows["eager"]["peak_bytes"]
     assert rows["per-block"]["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-4)
     # a real allocation failure on the device is a result, not a crash

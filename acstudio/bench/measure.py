@@ -68,6 +68,18 @@ def time_steps(step: Callable[[], Any], iters: int, dev: torch.device) -> list[f
     return times
 
 
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def allocator_counters(dev: torch.device) -> dict[str, int]:
+    """The caching allocator's cudaMalloc/cudaFree/retry counts (empty off CUDA): their growth over timed steps
+    shows a step that does not fit the allocator's cache and pays for device allocations every iteration."""
+    if dev.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(dev)
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
+
+
 class StorageTracker(TorchDispatchMode):
     """Live bytes of every storage an op creates, plus the storages registered up front, and their maximum.
 

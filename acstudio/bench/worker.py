@@ -26,6 +26,7 @@ import torch
 
 from acstudio.bench.configs import BenchConfig
 from acstudio.bench.measure import (
+    allocator_counters,
     environment,
     is_out_of_memory,
     resident_tensors,
@@ -67,7 +68,10 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         peak, resident, loss = step_peak_bytes(
             prepared.step, dev, lambda: resident_tensors(prepared.model, prepared.optimizer, prepared.batch))
+    before = allocator_counters(dev)
     times = time_steps(prepared.step, int(cfg["iters"]), dev)
+    if before:
+        out["details"]["allocator_during_timing"] = {k: v - before[k] for k, v in allocator_counters(dev).items()}
     out.update(peak_bytes=peak, resident_bytes=resident, loss=float(loss), times_ms=times, **summarize_ms(times))
     return out
 
