@@ -281,7 +281,7 @@ def test_bad_files_show_an_error_and_keep_what_is_loaded(qtbot, window, tiny_pro
     else:
         profile = Profile.load(tiny_profile_path)
         prepare(profile, str(tiny_profile_path)).trajectory.plan_for_budget(profile.peak_bytes).save(bad)
-        expected = "open the profile it was made for first"
+        expected = "is a plan; open the profile of its workload first"
     with qtbot.waitSignal(window.runners["load"].failed, timeout=30_000):
         window.open_path(str(bad))
     title, message = window.messages.errors[-1]
@@ -384,6 +384,25 @@ def test_benchmark_runs_in_background_and_shows_measurements(qtbot, window, tiny
     assert model.value(0, "status") == "ok" and model.value(0, "peak_mib") > 0
     saved = BenchResults.load(next((window.data_dir / "bench").iterdir()))
     assert saved.rows[0]["peak_bytes"] == window.bench_results.rows[0]["peak_bytes"]
+
+
+def test_committed_h200_benchmark_opens_as_measured_points_on_its_profile(qtbot, window, tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    open_and_wait(qtbot, window, root / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz")
+    with qtbot.waitSignal(window.runners["load"].resultReady, timeout=30_000):
+        window.open_path(str(root / "results" / "bench_h200_resnet152_bs64_compile.json"))
+    rows = [r for r in window.bench_results.rows if r["status"] == "ok" and r["batch_size"] == 64]
+    captured = next(r for r in rows if r["config"] == "captured")
+    rewritten = [r for r in rows if r["kind"] == "rewritten"]
+    x, y = window.budget.measured.getData()
+    assert len(x) == 1 + len(rewritten) == 7 and x[0] == 0.0
+    assert x[1:] == pytest.approx([r["time_ms_median"] - captured["time_ms_median"] for r in rewritten])
+    assert y[0] * 2**30 == pytest.approx(captured["peak_bytes"])
+    assert window.bench_window.model.rowCount() == len(window.bench_results.rows)
+
+    with qtbot.waitSignal(window.runners["load"].failed, timeout=30_000):
+        window.open_path(str(root / "results" / "bench_h200_bert.json"))
+    assert "this benchmark ran 'bert'" in window.messages.errors[-1][1]
 
 
 def test_window_layout_and_recent_files_persist(qtbot, tmp_path, tiny_profile_path, window):

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from acstudio.bench.results import BenchResults
 from acstudio.gui.budget_panel import BudgetPanel
 from acstudio.gui.child import probe_environment, profile_in_child, sweep_in_child
 from acstudio.gui.dialogs import BenchDialog, Messages, NewProfileDialog, TableDialog
@@ -206,19 +207,23 @@ class MainWindow(QMainWindow):
 
     # -- files -----------------------------------------------------------------------------------------------
     def open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open profile or plan", self._last_dir(), FILE_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Open profile, plan or benchmark results", self._last_dir(),
+                                              FILE_FILTER)
         if path:
             self.open_path(path)
 
     def open_path(self, path: str) -> None:
-        """Open a profile (or a plan for the open profile) in the background; errors keep the current one."""
+        """Open a profile (or a plan or benchmark results for the open profile) in the background; errors keep the
+        current one."""
         self._opening = str(path)
         self.show_status(f"Opening {path}…")
         self.runners["load"].submit(partial(open_document, str(path), self.session.loaded))
 
-    def _on_opened(self, result: Loaded | Plan) -> None:
+    def _on_opened(self, result: Loaded | Plan | BenchResults) -> None:
         self._remember(self._opening)
-        if isinstance(result, Plan):
+        if isinstance(result, BenchResults):
+            self._on_bench(result)
+        elif isinstance(result, Plan):
             self.session.show(result)
             self.budget.solver.blockSignals(True)
             self.budget.solver.setCurrentText(result.solver)
@@ -503,7 +508,7 @@ class MainWindow(QMainWindow):
         """Results table and plot; measured points (same batch as the profile) go on the Pareto chart."""
         df = results.to_frame()
         self.bench_results = results
-        self.show_status(f"Benchmark finished: {len(df)} measurements")
+        self.show_status(f"Benchmark: {len(df)} measurements")
         ok = df[(df["status"] == "ok") & (df["batch_size"] == self.session.loaded.profile.workload["batch_size"])]
         captured = ok[ok["config"] == "captured"]
         rewritten = ok[ok["kind"] == "rewritten"]

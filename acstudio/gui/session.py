@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from acstudio.bench.results import BenchResults
 from acstudio.errors import ACStudioError, ProfileFileError
 from acstudio.gui.graph_layout import ModuleTree
 from acstudio.gui.graph_view import Decisions
@@ -106,19 +107,35 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
 
 
 def open_document(path: str, current: Loaded | None, progress: ProgressFn | None = None,
-                  cancel: CancelToken | None = None) -> Loaded | Plan:
-    """A profile (prepared) or, if a profile is open, a plan made for it."""
+                  cancel: CancelToken | None = None) -> Loaded | Plan | BenchResults:
+    """A profile (prepared) or, if a profile is open, a plan made for it or benchmark results of its workload."""
     try:
         profile = Profile.load(path)
     except ProfileFileError as profile_error:
         try:
-            plan = Plan.load(path, current.profile if current is not None else None)
+            found = Plan.load(path, current.profile if current is not None else None)
         except ProfileFileError:
-            raise profile_error from None
+            try:
+                found = BenchResults.load(path)
+            except ProfileFileError:
+                raise profile_error from None
+        what = "a plan" if isinstance(found, Plan) else "a benchmark"
         if current is None:
-            raise ACStudioError(f"{path} is a plan; open the profile it was made for first") from None
-        return plan
+            raise ACStudioError(f"{path} is {what}; open the profile of its workload first") from None
+        if isinstance(found, BenchResults):
+            check_same_workload(found, current.profile)
+        return found
     return prepare(profile, path, progress, cancel)
+
+
+def check_same_workload(results: BenchResults, profile: Profile) -> None:
+    """Measured points belong on a profile's chart only if they ran its workload (any batch size)."""
+    def key(spec: dict) -> dict:
+        return {k: v for k, v in spec.items() if k not in ("batch_size", "seed")}
+
+    if key(results.meta.get("spec", {})) != key(profile.workload):
+        raise ACStudioError(f"this benchmark ran {results.meta.get('spec', {}).get('model')!r} with other settings "
+                            f"than the open profile ({profile.workload['model']!r}); open its profile first")
 
 
 def simulate_plan(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
