@@ -50,6 +50,20 @@ class Messages:
         QMessageBox.information(self.parent, title, message)
 
 
+def lay_out_form(dialog: QDialog, form: QFormLayout, ok_text: str, *below: QWidget) -> None:
+    """The settings dialogs' layout: the form, the widgets ``below`` it, then OK (named ``ok_text``) and Cancel;
+    OK calls the dialog's ``_accept``, which validates before closing."""
+    buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+    buttons.button(QDialogButtonBox.StandardButton.Ok).setText(ok_text)
+    buttons.accepted.connect(dialog._accept)
+    buttons.rejected.connect(dialog.reject)
+    layout = QVBoxLayout(dialog)
+    layout.addLayout(form)
+    for widget in below:
+        layout.addWidget(widget)
+    layout.addWidget(buttons)
+
+
 class NewProfileDialog(QDialog):
     """Choose a workload (zoo model or ``file.py:factory``) and a device to profile it on.
 
@@ -94,14 +108,7 @@ class NewProfileDialog(QDialog):
         form.addRow("Optimizer", self.optimizer)
         form.addRow("Precision", self.precision)
         form.addRow("Device", self.device)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Profile")
-        buttons.accepted.connect(self._accept)
-        buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(self.error)
-        layout.addWidget(buttons)
+        lay_out_form(self, form, "Profile", self.error)
         self.result_spec: dict | None = None
 
     def set_environment(self, env: dict) -> None:
@@ -223,15 +230,7 @@ class BenchDialog(QDialog):
         note = QLabel("Every configuration runs in its own process; the rewritten one is planned again from a "
                       "profile measured on the chosen device.")
         note.setWordWrap(True)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Run")
-        buttons.accepted.connect(self._accept)
-        buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(note)
-        layout.addWidget(self.error)
-        layout.addWidget(buttons)
+        lay_out_form(self, form, "Run", note, self.error)
         self.settings: dict | None = None
 
     def set_environment(self, env: dict) -> None:
