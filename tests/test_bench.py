@@ -63,7 +63,7 @@ def test_config_names_parse_expand_and_name_their_baseline():
                                          "compile@0.5"]
     assert [c.baseline for c in configs] == [None, "captured", "captured", "eager", "eager", "compile"]
     assert BenchConfig.parse("compile@0.2").memory_ratio == 0.2
-    for bad in ("eagre", "compile@2", "compile@x", "eager@3", "rewritten@"):
+    for bad in ("eagre", "compile@2", "compile@x", "eager@3", "rewritten@", "rewritten@per-blok"):
         with pytest.raises(ACStudioError):
             BenchConfig.parse(bad)
     with pytest.raises(ACStudioError, match="budget"):

@@ -70,8 +70,14 @@ class BenchConfig:
                                     "e.g. compile@0.5")
             return cls(kind, arg)
         if kind == "rewritten":
-            if arg.partition("@")[0] in KINDS and BenchConfig.parse(arg).kind == "rewritten":
-                raise ACStudioError(f"{text!r}: a rewritten step's budget cannot be another rewritten step's peak")
+            if arg.partition("@")[0] in KINDS:
+                if BenchConfig.parse(arg).kind == "rewritten":
+                    raise ACStudioError(f"{text!r}: a rewritten step's budget cannot be another rewritten step's "
+                                        "peak")
+            else:  # a typo fails here, not after a worker has profiled the model
+                from acstudio.plan.budget import parse_budget
+
+                parse_budget(arg, 2**40)  # any baseline: only the syntax is checked
             return cls(kind, arg)
         raise ACStudioError(f"{text!r}: only rewritten and compile take an '@' argument")
 
