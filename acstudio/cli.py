@@ -97,7 +97,7 @@ def cmd_plan(args) -> int:
     from acstudio.simulate.simulator import Simulator
 
     profile = Profile.load(args.profile)
-    sim = Simulator(profile)
+    sim = Simulator(profile, keep_random=args.keep_random)
     print(f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
           f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(sim.floor_bytes)}")
     if args.sweep:
@@ -231,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")
     p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
+    p.add_argument("--keep-random", action="store_true", help="never recompute random ops (dropout, attention "
+                   "with dropout); by default they are replayed with the RNG state their forward used")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")

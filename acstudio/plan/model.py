@@ -6,7 +6,9 @@ A plan is tied to one captured graph by ``profile_fingerprint``; loading it agai
 
 ``share_chains`` says how the rewriter replays them: each recomputation replays its chain back to resident
 tensors (False, μ-TWO's model), or a replay also produces the recomputed activations it passes through and
-keeps them until their last backward use (True; see :mod:`acstudio.simulate.shared`).
+keeps them until their last backward use (True; see :mod:`acstudio.simulate.shared`). ``keep_random`` says
+whether random ops were left out (True, ``--keep-random``) or are replayed with the generator state their forward
+drew with (False, the default); the rewriter follows it, so verify and export rewrite what was planned.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Plan:
     activation_bytes: dict[str, int] = field(default_factory=dict)  # every activation of the profile
     excluded: dict[str, str] = field(default_factory=dict)  # activations that are not candidates, and why
     share_chains: bool = False  # how the rewriter replays them (see the module docstring); absent in old files
+    keep_random: bool = False  # planned with random ops never recomputed (``--keep-random``); absent in old files
 
     # -- identity ------------------------------------------------------------------------------------------
     def check_profile(self, profile: Profile) -> None:
