@@ -282,11 +282,11 @@ def replay_rules(profile: Profile, keep_random: bool = False) -> ReplayRules:
     under the older rule, when every op tagged ``nondeterministic_seeded`` was kept (SDPA at ``dropout_p == 0``
     included), plans by the current one without profiling again. Every other verdict is the recorded one.
     """
-    records = profile.graph["nodes"]
+    records = profile.graph.get("nodes") or [None] * len(profile.nodes)  # synthetic profiles store no graph
     node, draws = [], []
     for rec, nd in zip(records, profile.nodes):
         verdict, draw = nd.replay, False
-        target = _op(rec["target"]) if rec["op"] == "call_function" else None
+        target = _op(rec["target"]) if rec and rec["op"] == "call_function" else None
         if target is not None and torch.Tag.nondeterministic_seeded in target.tags \
                 and nd.region in ("forward", "loss"):
             args = rec["args"]["$t"]  # a node's args are stored as a tuple
