@@ -15,15 +15,13 @@ import acstudio
 from acstudio.capture import capture_step
 from acstudio.capture.analysis import RANDOM_REASON, draws_random, replay_rules
 from acstudio.export import export
-from acstudio.plan.mutwo import plan as make_plan
+from acstudio.plan import plan as make_plan
 from acstudio.rewrite import RewriteError, rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.verify import verify
-from acstudio.simulate.shared import simulate_execution
+from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
-
-MODES = {"again": False, "shared": True}
 
 
 def random_outputs(sim: Simulator, recomputed) -> list[str]:
@@ -43,7 +41,7 @@ def run_then_draw(step, w, opt, spec):
     return [*out, torch.rand(8)]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["again", "shared"])
 @pytest.mark.parametrize("model", ["bert", "gpt2"])
 def test_recomputed_dropout_is_bitwise_and_priced_exactly(model, mode):
     """Encoder and decoder with dropout on every path: at several budgets the plan recomputes dropout outputs
@@ -57,13 +55,13 @@ def test_recomputed_dropout_is_bitwise_and_priced_exactly(model, mode):
         plan = make_plan(profile, budget, simulator=sim)
         assert plan.feasible and not plan.keep_random
         assert random_outputs(sim, plan.recomputed), f"no dropout output recomputed at {fraction}"
-        new = rewrite_step(step, profile, plan.recomputed, share_chains=MODES[mode])
+        new = rewrite_step(step, profile, plan.recomputed, replay_mode=mode)
         assert replayed_draws(new), "dropout is replayed, not kept"
         got = run_then_draw(new, w, opt, spec)
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             assert torch.equal(a, b)
-        predicted = simulate_execution(sim, plan.recomputed, MODES[mode]).peak_bytes
+        predicted = simulate_plan(sim, plan.recomputed, mode).peak_bytes
         assert max(live_bytes(new.gm, profile)) == predicted, "saved generator states priced as the graph holds them"
 
 
