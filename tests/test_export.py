@@ -203,3 +203,19 @@ def test_formats_are_chosen_and_the_sac_policy_round_trips(tmp_path):
         export(profile, keep_all, tmp_path / "k", formats=["sac"])
     with pytest.raises(ExportError, match="unknown export format 'onnx'"):
         export(profile, plan, tmp_path / "x", formats=["onnx"])
+
+
+def test_a_plan_priced_in_sac_mode_exports_its_policy_and_no_step(tmp_path):
+    from acstudio.plan.baselines import per_module
+    from acstudio.plan.schedule import PlanContext
+
+    *_, profile = captured("bert")
+    ctx = PlanContext(profile)
+    plan = ctx.plan_for_set("per-module", 0, per_module(ctx), mode="sac")
+    assert plan.replay_mode == "sac"
+    names = {os.path.basename(f) for f in export(profile, plan, tmp_path / "out")}
+    assert "sac_policy.json" in names and "step.py" not in names
+    saved = json.loads((tmp_path / "out" / "sac_policy.json").read_text())
+    assert saved["predicted_peak_bytes"] == plan.predicted_peak_bytes
+    with pytest.raises(ExportError, match="priced for selective checkpointing"):
+        export(profile, plan, tmp_path / "x", formats=["step"])

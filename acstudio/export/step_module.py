@@ -28,6 +28,8 @@ from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import RewrittenStep, rewrite_step
+from acstudio.simulate.modes import get_mode
+from acstudio.simulate.sac import SAC_MODE
 from acstudio.workload import WorkloadSpec, build_workload
 from acstudio.workload.spec import make_optimizer
 
@@ -241,5 +243,13 @@ def report_text(profile: Profile, plan, step, rewritten: RewrittenStep) -> str:
     return "\n".join(lines)
 
 
+def unavailable(job: ExportJob) -> str:
+    mode = getattr(job.plan, "replay_mode", "again")
+    if get_mode(mode).name == SAC_MODE.name:
+        return ("the plan was priced for selective checkpointing, which the rewritten step does not run — export "
+                "it with --format sac, or plan for the rewritten step")
+    return ""
+
+
 register_format(ExportFormat("step", "step.py, manifest.json and report.md: the rewritten graph as a drop-in "
-                             "training step for acstudio.load_step", write))
+                             "training step for acstudio.load_step", write, unavailable))

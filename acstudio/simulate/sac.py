@@ -25,15 +25,16 @@ until the block's backward has run (BERT's attention mask).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from acstudio.profile.model import Profile
-from acstudio.simulate.replay import FORWARD_REGIONS
-from acstudio.simulate.shared import SharedReplay, SharedSchedule, evaluate_shared
+from acstudio.simulate.modes import ReplayMode, register_mode
+from acstudio.simulate.replay import FORWARD_REGIONS, Replay
+from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
 
 # Ops that update running statistics; SAC cannot replay them without a second update, so they are saved.
@@ -188,7 +189,7 @@ class SacBlocks:
                 if not freed[s]:
                     keep_until[s] = max(keep_until[s], at)
             back[outputs] = at
-            replays.append(SharedReplay(at, tuple(outputs), tuple(outputs), tuple(sources), (), nodes,
+            replays.append(Replay(at, tuple(outputs), tuple(outputs), tuple(sources), (), nodes,
                                         float(rg.run_ms[nodes].sum()), rg.transient_bytes(outputs, nodes)))
         replays.sort(key=lambda r: r.at)
         cached = [(self.scratch[t][1] + 1, until - 1, self.scratch[t][0]) for t, until in held.items()]
@@ -203,10 +204,27 @@ def sac_blocks(sim: Simulator) -> SacBlocks:
     return cached
 
 
+class ReplaySac(ReplayMode):
+    """Selective activation checkpointing around blocks, as :func:`acstudio.apply_plan` runs a plan."""
+
+    name = "sac"
+    summary = "selective checkpointing per block (acstudio.apply_plan; runs under torch.compile, FSDP2, DDP)"
+    shares_chains = True  # the closest the rewriter comes; a SAC plan is exported as a policy, not a step
+
+    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
+        return sac_blocks(sim).schedule(recomputed)
+
+    def evaluate(self, sim: Simulator, schedule: SacSchedule, timeline: bool = False):
+        return evaluate_sac(sim, schedule, timeline)
+
+
+SAC_MODE = register_mode(ReplaySac())
+
+
 @dataclass
 class SacForm:
-    """What the SAC form of a recompute set does: ``decisions`` per forward op of a block, the activation ids
-    it frees (a subset of the plan's), and its simulated memory and time."""
+    """The SAC form of a recompute set: per wrapped block its forward ops with their decisions, the activation
+    ids it frees (a subset of the plan's), and its simulated memory and time."""
 
     decisions: dict[str, list[tuple[str, str]]]  # wrapped block -> (node id, SAVE | RECOMPUTE), forward order
     freed: list[str]
@@ -217,22 +235,9 @@ def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collecti
     """Decisions, freed activations, peak, extra time and timeline of the SAC form of ``recomputed`` (ids)."""
     sim = profile_or_simulator if isinstance(profile_or_simulator, Simulator) else Simulator(profile_or_simulator)
     blocks = sac_blocks(sim)
-    ks = sim.indices(recomputed)
-    schedule = blocks.schedule(ks)
-    decision, freed = blocks.decide(ks)
-    peak, pos, _, table = evaluate_sac(sim, schedule, timeline=True)
-    ids = sim.replay.act_ids
-    per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
-    result = SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms, timeline=table,
-                       recompute_ms=per)
-    nodes = sim.profile.nodes
-    wrapped = {blocks.block[sim.replay.created[k]] for k in np.flatnonzero(freed)}
+    decision, freed = blocks.decide(sim.indices(recomputed))
+    result = SAC_MODE.simulate(sim, recomputed)
+    nodes, created = sim.profile.nodes, sim.replay.created
+    wrapped = {blocks.block[created[k]] for k in np.flatnonzero(freed)}
     decisions = {b: [(nodes[i].id, decision[i]) for i in blocks.fw_nodes[b]] for b in blocks.blocks if b in wrapped}
-    return SacForm(decisions=decisions, freed=[ids[k] for k in np.flatnonzero(freed)], result=result)
-
-
-def sac_peak(sim: Simulator, recomputed: Collection[int]) -> tuple[int, int, float]:
-    """(peak bytes, peak node position, extra ms) of activation indices ``recomputed`` in SAC form."""
-    schedule = sac_blocks(sim).schedule(recomputed)
-    peak, pos, _ = evaluate_sac(sim, schedule)
-    return peak, pos, schedule.extra_ms
+    return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result)
