@@ -163,13 +163,13 @@ class _Bench:
         }
         reference = config.budget_reference
         if reference is not None:
-            ref_row = self.measure(reference, batch_size, phase, total)
+            ref_row = self.measure(reference.config, batch_size, phase, total)
             if ref_row["status"] != "ok" or not ref_row.get("peak_bytes"):
                 row = base_row(cfg) | {"status": "skipped", "phase": phase,
-                                       "message": f"no budget: {reference.name} has no measured peak at batch "
-                                                  f"size {batch_size} ({ref_row['status']})"}
+                                       "message": f"no budget: {reference.config.name} has no measured peak at "
+                                                  f"batch size {batch_size} ({ref_row['status']})"}
                 return self._record(key, row)
-            cfg["budget"] = f"{ref_row['peak_bytes']}B"
+            cfg["budget"] = f"{int(ref_row['peak_bytes'] * reference.factor)}B"
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
         row = run_worker(cfg, stem, timeout_s=self.timeout_s, cancel=self.cancel)
         row["phase"] = phase

@@ -35,7 +35,7 @@ from acstudio.bench.measure import (
     time_steps,
 )
 from acstudio.bench.results import base_row
-from acstudio.bench.steps import prepare
+from acstudio.bench.steps import Request, prepare
 from acstudio.errors import DeviceError
 from acstudio.workload import WorkloadSpec
 
@@ -52,16 +52,16 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     spec = WorkloadSpec.from_dict(cfg["spec"])
     config = BenchConfig.parse(cfg["config"])
     t0 = time.perf_counter()
-    prepared = prepare(config, spec, dev, profile_path=cfg.get("profile_path"),
-                       compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"))
+    prepared = prepare(Request(config, spec, dev, profile_path=cfg.get("profile_path"),
+                               compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget")))
     setup_s = time.perf_counter() - t0
     # The same random stream for every configuration, so dropout masks (and so losses) agree step by step.
     torch.manual_seed(spec.seed + 1)
-    warmup = int(cfg["warmup"]) + (COMPILE_EXTRA_WARMUP if config.kind == "compile" else 0)
+    warmup = int(cfg["warmup"]) + (COMPILE_EXTRA_WARMUP if config.spec.compiled else 0)
     for _ in range(warmup):
         prepared.step()
     out: dict[str, Any] = {"setup_s": round(setup_s, 3), "warmup": warmup, "details": prepared.info}
-    if dev.type == "cpu" and config.kind == "compile":
+    if dev.type == "cpu" and config.spec.compiled:
         # Compiled kernels allocate outside the dispatcher, where storage accounting cannot see them.
         peak = resident = None
         loss = prepared.step()
