@@ -88,6 +88,20 @@ def thin_curve(table, solver: str, points: int):
     return table.drop(rows.index.difference(rows.index[keep]))
 
 
+def per_rank(profile, args):
+    """The profile as one rank of ``--fsdp N`` or ``--ddp N`` sees it (unchanged without either)."""
+    from acstudio.simulate.sharding import per_rank_profile
+
+    if args.fsdp and args.ddp:
+        raise ACStudioError("give --fsdp N or --ddp N, not both")
+    kind = "fsdp" if args.fsdp else "ddp" if args.ddp else None
+    if kind is None:
+        return profile
+    world = getattr(args, kind)
+    print(f"predicting one of {world} ranks under {kind} (the profile is of one rank's batch)")
+    return per_rank_profile(profile, world, kind)
+
+
 def cmd_plan(args) -> int:
     import pandas as pd
 
@@ -96,7 +110,7 @@ def cmd_plan(args) -> int:
     from acstudio.profile.model import Profile
     from acstudio.simulate.simulator import Simulator
 
-    profile = Profile.load(args.profile)
+    profile = per_rank(Profile.load(args.profile), args)
     sim = Simulator(profile)
     print(f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
           f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(sim.floor_bytes)}")
@@ -231,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")
     p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
+    p.add_argument("--fsdp", type=int, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard per block)")
+    p.add_argument("--ddp", type=int, metavar="N", help="plan for one of N ranks under DDP")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")

@@ -141,7 +141,7 @@ def test_storage_tracker_counts_storages_once_until_freed():
 def bert_bench(tmp_path_factory):
     """One CPU run of tiny BERT in every configuration that needs no compiler (one process each)."""
     out = tmp_path_factory.mktemp("bench")
-    configs = ["eager", "per-block", "captured", "rewritten", "rewritten@per-block", "per-op"]
+    configs = ["eager", "per-block", "captured", "rewritten", "rewritten@per-block", "per-op", "sac@per-block"]
     seen = []
     results = run_bench(tiny_spec("bert", batch_size=2, seq_len=32), [4], configs, ["50%"], device="cpu",
                         out_dir=out, warmup=1, iters=3, progress=lambda done, total, msg: seen.append((done, total)))
@@ -209,6 +209,20 @@ def test_rewritten_at_another_configurations_peak_plans_for_that_measured_peak(b
     assert BenchConfig.parse("rewritten@60%").budget_reference is None
     with pytest.raises(ACStudioError, match="another planned configuration"):
         BenchConfig.parse("rewritten@rewritten@50%")
+
+
+def test_sac_applies_the_plan_for_another_configurations_peak(bert_bench):
+    out, results, _ = bert_bench
+    rows = {r["config"]: r for r in results.compared()}
+    sac = rows["sac@per-block"]
+    assert sac["status"] == "ok", sac["message"]
+    assert sac["baseline"] == "eager" and sac["details"]["budget_bytes"] == rows["per-block"]["peak_bytes"]
+    assert sac["details"]["sac_blocks"] == 2 and sac["details"]["sac_freed_activations"] > 0
+    # the same dropout masks (RNG state preserved), fewer bytes than eager, and the SAC form's predicted peak
+    assert sac["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-5)
+    assert sac["peak_bytes"] < rows["eager"]["peak_bytes"]
+    assert abs(sac["peak_error_pct"]) < 3.0
+    assert len(list((out / "profiles").glob("bert_bs4_*_sac_*/sac_policy.json"))) == 1
 
 
 TINY_MLP = (

@@ -292,16 +292,12 @@ def prepare_sac(req: Request) -> Prepared:
     """Our plan at the budget, exported as selective-checkpoint policies and applied to the model
     (:func:`acstudio.apply_plan`), then run like any model step: eager or compiled, on one device or sharded.
 
-    The plan is made for how SAC replays (the ``"sac"`` replay mode) from the single-device profile of one
-    rank's batch; under FSDP2/DDP that profile is first turned into each rank's
-    (:func:`acstudio.simulate.sharding.per_rank_profile`). Rank 0 profiles, plans and exports; the others
-    wait for it and apply the same export.
+    The plan is made from the single-device profile of one rank's batch; under FSDP2/DDP that profile is first
+    turned into each rank's (:func:`acstudio.simulate.sharding.per_rank_profile`). Rank 0 profiles, plans and
+    exports; the others wait for it and apply the same export.
     """
     import acstudio
 
-    if not hasattr(acstudio, "apply_plan"):
-        raise ACStudioError("sac configurations need acstudio.apply_plan (the SAC export), which this build "
-                            "does not have yet")
     if not req.profile_path:
         raise ACStudioError("a sac configuration needs a profile path (the plan is exported beside it)")
     path = Path(req.profile_path)
@@ -321,16 +317,16 @@ def prepare_sac(req: Request) -> Prepared:
 
 def _slug(req: Request) -> str:
     """Budget and parallelism as a folder name: every rank finds the same export."""
-    text = f"{req.budget or req.config.arg}_{req.dist.kind if req.dist else 'single'}"
+    text = f"{req.budget or req.config.arg}_{f'{req.dist.kind}{req.dist.world}' if req.dist else 'single'}"
     return "".join(c if c.isalnum() or c == "." else "_" for c in text)
 
 
 def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
-    """Profile (cached), plan in SAC's replay mode at the resolved budget, export ``--format sac``; returns the
-    plan's summary for the result row."""
-    from acstudio.export import export
-    from acstudio.plan import plan as make_plan
+    """Profile (cached), plan at the resolved budget, export the SAC policy (``--format sac``) into
+    ``plan_dir``; returns the plan's summary, with the SAC form's predicted peak and extra time."""
+    from acstudio.export.sac import SacPolicy
     from acstudio.plan.budget import parse_budget
+    from acstudio.plan.mutwo import plan as make_plan
 
     local = req.spec if req.dist is None else req.dist.local_spec(req.spec)
     profile = cached_profile(local, req.dev, req.profile_path)
@@ -339,11 +335,16 @@ def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
 
         profile = per_rank_profile(profile, req.dist.world, req.dist.kind)
     budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
-    plan = make_plan(profile, budget_bytes, solver="auto", replay_mode="sac")
-    export(profile, plan, plan_dir, formats=("sac",))
+    plan = make_plan(profile, budget_bytes)
+    policy = SacPolicy.from_plan(profile, plan.recomputed)
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    policy.save(plan_dir)
+    summary = scalar_fields(plan) | {"predicted_peak_bytes": policy.predicted_peak_bytes,
+                                     "predicted_extra_ms": policy.predicted_extra_ms,
+                                     "feasible": policy.predicted_peak_bytes <= budget_bytes}
     return {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
-            "profile_iteration_ms": profile.iteration_ms, "plan": scalar_fields(plan),
-            "recomputed_activations": len(getattr(plan, "recomputed", ()))}
+            "profile_iteration_ms": profile.iteration_ms, "plan": summary, "sac_blocks": len(policy.blocks),
+            "recomputed_activations": len(plan.recomputed), "sac_freed_activations": len(policy.freed)}
 
 
 def prepare(req: Request) -> Prepared:
