@@ -149,13 +149,13 @@ def prepare_rewritten(req: Request) -> Prepared:
     from acstudio.capture.serialize import deserialize_step
     from acstudio.capture.tracer import prepare_optimizer
     from acstudio.plan.budget import parse_budget
-    from acstudio.plan.mutwo import mutwo_trajectory
+    from acstudio.plan.solvers import plan as plan_budget
     from acstudio.rewrite.rewriter import rewrite
 
     spec, dev = req.spec, req.dev
     profile = cached_profile(spec, dev, req.profile_path)
     budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
-    plan = mutwo_trajectory(profile).best_plan_for_budget(budget_bytes)
+    plan = plan_budget(profile, budget_bytes)
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
     # The optimizer as capture_step left it when the graph was traced: state created, CUDA Adam capturable.
@@ -325,8 +325,8 @@ def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
     """Profile (cached), plan at the resolved budget, export the SAC policy (``--format sac``) into
     ``plan_dir``; returns the plan's summary, with the SAC form's predicted peak and extra time."""
     from acstudio.export.sac import SacPolicy
+    from acstudio.plan import plan as make_plan
     from acstudio.plan.budget import parse_budget
-    from acstudio.plan.mutwo import plan as make_plan
 
     local = req.spec if req.dist is None else req.dist.local_spec(req.spec)
     profile = cached_profile(local, req.dev, req.profile_path)
