@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import sys
 
@@ -178,9 +179,15 @@ def cmd_export(args) -> int:
     from acstudio.export.exporter import export
 
     profile, plan = _load_profile_and_plan(args)
-    for path in export(profile, plan, args.out, progress=TerminalProgress()):
+    formats = [f for f in args.format.split(",") if f] if args.format else None
+    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress())
+    for path in paths:
         print(f"wrote {path}")
-    print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
+    names = {os.path.basename(p) for p in paths}
+    if "step.py" in names:
+        print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
+    if "sac_policy.json" in names:
+        print(f"or: model = acstudio.apply_plan(model, {args.out!r})  # torch's selective checkpointing")
     return 0
 
 
@@ -258,10 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the full result as JSON")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("export", help="write the rewritten step as a drop-in module, schedule and report")
+    p = sub.add_parser("export", help="write the plan as a drop-in step, a schedule and a SAC policy")
     p.add_argument("profile")
     p.add_argument("--plan", required=True)
     p.add_argument("--out", "-o", required=True, help="output folder (replaced as a whole)")
+    p.add_argument("--format", metavar="step,schedule,sac",
+                   help="formats to write, comma-separated (default: every one that applies)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("bench", help="benchmark eager, per-block checkpointing, compile and the rewritten step")

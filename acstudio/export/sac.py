@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from acstudio.export.formats import ExportFormat, ExportJob, register_format
 from acstudio.fileio import read_document, write_document
 from acstudio.profile.model import Profile
 from acstudio.simulate.sac import SAVE, is_op, simulate_sac
@@ -66,3 +67,24 @@ class SacPolicy:
     @classmethod
     def load(cls, directory: str | Path) -> SacPolicy:
         return cls.from_dict(read_document(Path(directory) / POLICY_FILE, POLICY_SCHEMA, POLICY_VERSION))
+
+
+def policy(job: ExportJob) -> SacPolicy:
+    """The job's SAC policy, made once per export."""
+    return job.once("sac", lambda: SacPolicy.from_plan(job.profile, job.recomputed))
+
+
+def write(job: ExportJob, directory: Path) -> list[str]:
+    return [Path(policy(job).save(directory)).name]
+
+
+def unavailable(job: ExportJob) -> str:
+    if policy(job).blocks:
+        return ""
+    return ("the plan frees nothing inside a repeated block (the module boundaries SAC wraps), so SAC would "
+            "change nothing")
+
+
+register_format(ExportFormat("sac", f"{POLICY_FILE}: per-op save/recompute decisions for acstudio.apply_plan "
+                             "(torch's selective activation checkpointing; works under torch.compile, FSDP2, DDP)",
+                             write, unavailable))

@@ -75,6 +75,7 @@ class PlanContext:
         sched = get_mode(mode).schedule(self.sim, recomputed)
         peak, pos, _ = get_mode(mode).evaluate(self.sim, sched)
         made = {k: r for r in sched.replays for k in r.outputs}
+        recomputed = [k for k in recomputed if k in made]  # a mode may free less than asked ("sac": whole ops)
         entries = []
         for k in self.execution_order(recomputed):
             r = made[k]

@@ -18,22 +18,23 @@ the rewritten graph's in three ways, all simulated here:
 
 Memory is then the simulator's with each freed activation back from its block's replay and each replay's
 high-water mark (:meth:`~acstudio.simulate.replay.ReplayGraph.transient_bytes`) counting the activations it
-keeps. Not modelled: outputs of saved ops that backward never reads (SAC caches them until the replay; in
-practice the buffer updates, which alias the buffers) and a block's arguments that no op of the block saves
-(the checkpoint keeps them until the block's backward).
+keeps, plus the outputs of saved ops that backward never reads (SAC's cache holds them until the replay: the
+residual branch's BatchNorm output in a ResNet block) and the block's arguments, which the checkpoint keeps
+until the block's backward has run (BERT's attention mask).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from acstudio.profile.model import Profile
-from acstudio.simulate.replay import FORWARD_REGIONS
-from acstudio.simulate.shared import SharedReplay, SharedSchedule, evaluate_shared
+from acstudio.simulate.modes import ReplayMode, register_mode
+from acstudio.simulate.replay import FORWARD_REGIONS, Replay
+from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
 
 # Ops that update running statistics; SAC cannot replay them without a second update, so they are saved.
@@ -47,6 +48,25 @@ RECOMPUTE = "recompute"
 def is_op(node) -> bool:
     """A node the SAC policy sees: an operator call (not ``getitem`` on a multi-output op, not a constant)."""
     return node.op == "call_function" and node.target != "operator.getitem"
+
+
+@dataclass
+class SacSchedule(SharedSchedule):
+    """A shared schedule plus the non-activation storages SAC keeps beyond their eager lifetime: rows (first,
+    last node they are now alive during, bytes)."""
+
+    cached: np.ndarray
+
+
+def cache_memory(sim: Simulator, schedule: SacSchedule) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes of non-activation storages SAC keeps longer than eager, during and just before each node."""
+    c = schedule.cached
+    return sim._span(c[:, 0], c[:, 1], c[:, 2]), sim._span(c[:, 0], c[:, 1] + 1, c[:, 2])
+
+
+def evaluate_sac(sim: Simulator, schedule: SacSchedule, timeline: bool = False):
+    """:func:`~acstudio.simulate.shared.evaluate_shared` with the cached non-activation outputs added."""
+    return evaluate_shared(sim, schedule, timeline, extra=cache_memory(sim, schedule))
 
 
 class SacBlocks:
@@ -67,8 +87,16 @@ class SacBlocks:
         self.fw_nodes = {b: [i for i in fw if self.block[i] == b and nodes[i].op == "call_function"]
                          for b in self.blocks}
         created: dict[int, list[str]] = {}
+        # Forward storages that are not activations: (bytes, last node that needs them) by storage id, and by
+        # creating node. SAC holds a saved op's ones until the replay, and a block's arguments until its backward.
+        self.scratch: dict[str, tuple[int, int]] = {}
+        self.scratch_made: dict[int, list[str]] = {}
         for t in profile.tensors:
-            created.setdefault(index[t.created_at], []).append(t.id)
+            i = index[t.created_at]
+            created.setdefault(i, []).append(t.id)
+            if t.id not in rg.act_index and t.bytes and nodes[i].region in FORWARD_REGIONS and t.freed_after:
+                self.scratch[t.id] = (t.bytes, index[t.freed_after])
+                self.scratch_made.setdefault(i, []).append(t.id)
         # Activation indices each forward node writes (allocates, aliases or updates in place).
         self.writes = {i: sorted({rg.act_index[s] for s in [*created.get(i, []), nodes[i].storage]
                                   if s in rg.act_index}) for i in fw}
@@ -78,6 +106,7 @@ class SacBlocks:
         # First backward node reading a forward value of each block; last forward node backward reads.
         self.replay_at: dict[str, int] = {}
         self.stop: dict[str, int] = {}
+        self.backward_end: dict[str, int] = {}
         for j, nd in enumerate(nodes):
             if nd.region != "backward":
                 continue
@@ -85,6 +114,7 @@ class SacBlocks:
                 b = self.block[u]
                 if b:
                     self.replay_at.setdefault(b, j)
+                    self.backward_end[b] = j
                     self.stop[b] = max(self.stop.get(b, -1), u)
         # Activations that leave their block in forward: the caller holds them, SAC cannot free them.
         self.leaves = np.zeros(len(rg.bytes), dtype=bool)
@@ -136,17 +166,21 @@ class SacBlocks:
 
     def schedule(self, recomputed: Collection[int]) -> SharedSchedule:
         """One replay per block that frees something, in the order they run."""
-        rg = self.sim.replay
+        rg, storage = self.sim.replay, [nd.storage for nd in self.sim.profile.nodes]
         decision, freed = self.decide(recomputed)
         n_act = len(rg.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
-        replays = []
+        replays, held = [], {}
         for b in self.blocks:
             outputs = [int(k) for k in np.flatnonzero(freed) if self.block[rg.created[k]] == b]
             if not outputs:
                 continue
             at, stop = self.replay_at[b], self.stop[b]
+            held.update({t: at for i in self.fw_nodes[b] if decision[i] == SAVE for t in self.scratch_made.get(i, [])})
+            args = {storage[u] for i in self.fw_nodes[b] for u in self.inputs[i] if self.block[u] != b}
+            for t in args & self.scratch.keys():
+                held[t] = max(held.get(t, -1), self.backward_end[b] + 1)
             nodes = np.array([i for i in self.fw_nodes[b] if i <= stop and decision[i] == RECOMPUTE], dtype=np.int64)
             made = {k for i in nodes for k in self.writes[i]}
             sources = sorted({k for i in nodes for u in self.inputs[i] for k in self.writes.get(u, [])
@@ -155,10 +189,11 @@ class SacBlocks:
                 if not freed[s]:
                     keep_until[s] = max(keep_until[s], at)
             back[outputs] = at
-            replays.append(SharedReplay(at, tuple(outputs), tuple(outputs), tuple(sources), (), nodes,
+            replays.append(Replay(at, tuple(outputs), tuple(outputs), tuple(sources), (), nodes,
                                         float(rg.run_ms[nodes].sum()), rg.transient_bytes(outputs, nodes)))
         replays.sort(key=lambda r: r.at)
-        return SharedSchedule(replays, back, keep_until)
+        cached = [(self.scratch[t][1] + 1, until - 1, self.scratch[t][0]) for t, until in held.items()]
+        return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3))
 
 
 def sac_blocks(sim: Simulator) -> SacBlocks:
@@ -169,10 +204,27 @@ def sac_blocks(sim: Simulator) -> SacBlocks:
     return cached
 
 
+class ReplaySac(ReplayMode):
+    """Selective activation checkpointing around blocks, as :func:`acstudio.apply_plan` runs a plan."""
+
+    name = "sac"
+    summary = "selective checkpointing per block (acstudio.apply_plan; runs under torch.compile, FSDP2, DDP)"
+    shares_chains = True  # the closest the rewriter comes; a SAC plan is exported as a policy, not a step
+
+    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
+        return sac_blocks(sim).schedule(recomputed)
+
+    def evaluate(self, sim: Simulator, schedule: SacSchedule, timeline: bool = False):
+        return evaluate_sac(sim, schedule, timeline)
+
+
+SAC_MODE = register_mode(ReplaySac())
+
+
 @dataclass
 class SacForm:
-    """What the SAC form of a recompute set does: ``decisions`` per forward op of a block, the activation ids
-    it frees (a subset of the plan's), and its simulated memory and time."""
+    """The SAC form of a recompute set: per wrapped block its forward ops with their decisions, the activation
+    ids it frees (a subset of the plan's), and its simulated memory and time."""
 
     decisions: dict[str, list[tuple[str, str]]]  # wrapped block -> (node id, SAVE | RECOMPUTE), forward order
     freed: list[str]
@@ -183,22 +235,9 @@ def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collecti
     """Decisions, freed activations, peak, extra time and timeline of the SAC form of ``recomputed`` (ids)."""
     sim = profile_or_simulator if isinstance(profile_or_simulator, Simulator) else Simulator(profile_or_simulator)
     blocks = sac_blocks(sim)
-    ks = sim.indices(recomputed)
-    schedule = blocks.schedule(ks)
-    decision, freed = blocks.decide(ks)
-    peak, pos, _, table = evaluate_shared(sim, schedule, timeline=True)
-    ids = sim.replay.act_ids
-    per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
-    result = SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms, timeline=table,
-                       recompute_ms=per)
-    nodes = sim.profile.nodes
-    wrapped = {blocks.block[sim.replay.created[k]] for k in np.flatnonzero(freed)}
+    decision, freed = blocks.decide(sim.indices(recomputed))
+    result = SAC_MODE.simulate(sim, recomputed)
+    nodes, created = sim.profile.nodes, sim.replay.created
+    wrapped = {blocks.block[created[k]] for k in np.flatnonzero(freed)}
     decisions = {b: [(nodes[i].id, decision[i]) for i in blocks.fw_nodes[b]] for b in blocks.blocks if b in wrapped}
-    return SacForm(decisions=decisions, freed=[ids[k] for k in np.flatnonzero(freed)], result=result)
-
-
-def sac_peak(sim: Simulator, recomputed: Collection[int]) -> tuple[int, int, float]:
-    """(peak bytes, peak node position, extra ms) of activation indices ``recomputed`` in SAC form."""
-    schedule = sac_blocks(sim).schedule(recomputed)
-    peak, pos, _ = evaluate_shared(sim, schedule)
-    return peak, pos, schedule.extra_ms
+    return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result)
