@@ -88,9 +88,8 @@ class OptimizerRecord:
                    conditions=[(str(k), str(op), float(v)) for k, op, v in d.get("conditions", ())])
 
     def problems(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-        """Why ``optimizer`` cannot drive this step (empty if it can): type, groups, switches, conditions."""
-        if type(optimizer).__name__ != self.type:
-            return [f"the step was captured for torch.optim.{self.type}, got {type(optimizer).__name__}"]
+        """Why an optimizer of type ``self.type`` cannot drive this step (empty if it can): its param groups,
+        switches or hyperparameter values outside the traced branches."""
         if len(optimizer.param_groups) != len(self.groups):
             return [f"the step was captured with {len(self.groups)} param group(s), the optimizer has "
                     f"{len(optimizer.param_groups)}"]
