@@ -13,6 +13,7 @@ from torch import nn
 import acstudio
 from acstudio.capture import capture_step
 from acstudio.capture.serialize import deserialize_step, serialize_step
+from acstudio.capture.tracer import SymbolicHyperparameters
 from acstudio.cli import build_parser
 from acstudio.errors import ACStudioError
 from acstudio.export import ExportMismatchError, export
@@ -147,6 +148,16 @@ def test_a_different_optimizer_type_or_broken_branch_is_refused_in_one_line(tmp_
     opt.param_groups[0]["weight_decay"] = 0.1
     with pytest.raises(ExportMismatchError, match="changed since load_step"):
         step(w.batch)
+
+
+def test_branches_on_hyperparameters_become_conditions_and_anything_else_pins_the_values():
+    traced = SymbolicHyperparameters()
+    lr, wd, momentum = (traced.symbol(k, v) for k, v in (("0/lr", 0.1), ("0/weight_decay", 0.0), ("1/momentum", 0.9)))
+    assert not bool(wd != 0)  # how torch.optim asks
+    assert bool(1 > momentum) and bool(0 <= momentum)  # a number on either side
+    assert bool(lr * momentum > 0.01)  # not of the form "setting op number": both values pinned
+    assert traced.conditions() == [("0/weight_decay", "==", 0.0), ("1/momentum", "<", 1.0),
+                                   ("1/momentum", ">=", 0.0), ("0/lr", "==", 0.1), ("1/momentum", "==", 0.9)]
 
 
 def test_factory_optimizer_with_two_param_groups_drives_the_captured_step():

@@ -40,7 +40,6 @@ from torch.utils import _pytree as pytree
 
 from acstudio.capture.serialize import tensor_summary
 from acstudio.capture.step import (
-    CONDITION_OPS,
     HYPERPARAMETERS,
     CapturedStep,
     InputSlot,
@@ -188,7 +187,7 @@ def hyperparameter_slots(optimizer: torch.optim.Optimizer) -> list[InputSlot]:
             for name in HYPERPARAMETERS[kind]]
 
 
-class _SymbolicHyperparameters:
+class SymbolicHyperparameters:
     """A fake mode whose ShapeEnv gives each hyperparameter a symbolic float, hinted with its current value.
 
     Symbols are never merged by value (no duck sizing) and 0 or 1 is not specialised, so two settings that happen
@@ -206,7 +205,8 @@ class _SymbolicHyperparameters:
         with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=False):
             self.fake_mode = FakeTensorMode(allow_fallback_kernels=True, shape_env=self.shape_env,
                                             static_shapes=True)
-        self.key_of: dict[Any, str] = {}
+        self.key_of: dict[Any, str] = {}  # symbol -> input key
+        self.value_of: dict[Any, float] = {}  # symbol -> traced value
 
     def fake(self, t: torch.Tensor) -> torch.Tensor:
         return self.fake_mode.from_tensor(t, static_shapes=True)
@@ -217,11 +217,12 @@ class _SymbolicHyperparameters:
 
         source = ConstantSource(f"hyper_{key.replace('/', '_')}")
         expr = self.shape_env.create_unspecified_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
-        self.key_of[expr] = key
+        self.key_of[expr], self.value_of[expr] = key, value
         return self.shape_env.create_symfloatnode(expr, hint=value, source=source)
 
     def conditions(self) -> list[tuple[str, str, float]]:
-        """The guards as ``(input key, op, value)``; anything else cannot be checked and is refused."""
+        """The guards as ``(input key, op, value)``. A guard of another form (none seen for SGD, Adam, AdamW)
+        pins each hyperparameter it involves to its traced value: sound, only less permissive."""
         import sympy
 
         ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<"}
@@ -230,13 +231,13 @@ class _SymbolicHyperparameters:
         for guard in self.shape_env.guards:
             expr = guard.expr
             op = ops.get(type(expr))
-            lhs, rhs = (expr.lhs, expr.rhs) if op else (None, None)
-            if op and rhs in self.key_of and lhs.is_number:
-                lhs, rhs, op = rhs, lhs, flipped[op]
-            if not (op and lhs in self.key_of and rhs.is_number and op in CONDITION_OPS):
-                raise CaptureError(f"cannot capture the optimizer step: torch.optim branches on {expr}, which a "
-                                   "captured step cannot check — use torch.optim.SGD, Adam or AdamW defaults")
-            out.append((self.key_of[lhs], op, float(rhs)))
+            if op and expr.lhs.is_number and expr.rhs in self.key_of:
+                out.append((self.key_of[expr.rhs], flipped[op], float(expr.lhs)))
+            elif op and expr.lhs in self.key_of and expr.rhs.is_number:
+                out.append((self.key_of[expr.lhs], op, float(expr.rhs)))
+            else:
+                pinned = sorted((sym for sym in expr.free_symbols if sym in self.key_of), key=self.key_of.get)
+                out += [(self.key_of[sym], "==", self.value_of[sym]) for sym in pinned]
         return list(dict.fromkeys(out))
 
 
@@ -331,7 +332,7 @@ def capture_step(
     for p in group_params:
         flat += [v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
     flat += batch_leaves
-    symbolic = _SymbolicHyperparameters()
+    symbolic = SymbolicHyperparameters()
     flat = [symbolic.fake(t) for t in flat]
     for slot in hyper_slots:
         g, name = hyper_key(slot.key)
