@@ -18,9 +18,9 @@ takes on a value (``if weight_decay != 0``) becomes a ShapeEnv guard, recorded a
 ``load_step`` checks at every call.
 
 Non-capturable groups (the CPU) run torch.optim's eager code, ``.item()`` of the step counter included (an
-unbacked float in the graph). Capturable groups (CUDA Adam/AdamW) run with ``torch.compiler.is_compiling()``
-patched to True, as they always have here: their step counters stay device tensors and torch.optim skips
-device checks that fake tensors cannot answer.
+unbacked float in the graph). Capturable groups (CUDA Adam/AdamW) keep running with
+``torch.compiler.is_compiling()`` patched to True, the formulas the H200 measurements were made with: step
+counters stay device tensors, so the step never waits for the host.
 """
 
 from __future__ import annotations
@@ -333,18 +333,18 @@ def capture_step(
         flat += [v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
     flat += batch_leaves
     symbolic = SymbolicHyperparameters()
-    flat = [symbolic.fake(t) for t in flat]
+    flat = [symbolic.fake(t) if isinstance(t, torch.Tensor) else t for t in flat]
     for slot in hyper_slots:
         g, name = hyper_key(slot.key)
         flat.append(symbolic.symbol(slot.key, group_value(optimizer.param_groups[g], name)))
     report(progress, 1, 3, "tracing forward, backward and optimizer")
     try:
         gm = make_fx(step, tracing_mode="fake")(flat)
-        record = optimizer_record(optimizer, fqn_of, symbolic.conditions())
     except CaptureError:
         raise
     except Exception as exc:
         raise CaptureError(describe_trace_failure(exc)) from exc
+    record = optimizer_record(optimizer, fqn_of, symbolic.conditions())
     check(cancel)
     report(progress, 2, 3, "labelling nodes")
     # Plain positional calling convention (``gm(*flat)``), the same as a graph rebuilt from a profile file.
