@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from acstudio.capture.serialize import deserialize_step
 from acstudio.errors import ACStudioError
-from acstudio.fileio import atomic_dir, write_document
+from acstudio.fileio import atomic_dir, prepare_output_dir, write_document
 from acstudio.jobs import ProgressFn, report
 from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
@@ -47,8 +47,11 @@ class ExportError(ACStudioError):
 
 
 def export(profile: Profile, plan, out_dir: str | os.PathLike, progress: ProgressFn | None = None, *,
-           share_chains: bool = False) -> list[str]:
-    """Write ``out_dir`` (replacing it as a whole) for ``plan`` applied to ``profile``; returns the files written."""
+           share_chains: bool = False, force: bool = False) -> list[str]:
+    """Write ``out_dir`` (replacing it as a whole) for ``plan`` applied to ``profile``; returns the files written.
+
+    A non-empty ``out_dir`` that is not an earlier export is refused unless ``force``."""
+    prepare_output_dir(out_dir, force=force)
     recomputed = plan_activations(plan, profile)
     report(progress, 0, 4, "rewriting the step")
     step = deserialize_step(profile.graph)

@@ -48,7 +48,11 @@ def load_factory(reference: str):
 
 def build(spec: WorkloadSpec) -> Workload:
     factory = load_factory(spec.model)
-    result = factory(spec.batch_size)
+    try:
+        result = factory(spec.batch_size)
+    except Exception as exc:
+        raise ACStudioError(f"{spec.model}({spec.batch_size}) raised {type(exc).__name__}: {exc} — fix the "
+                            "factory (--debug shows where it failed)") from exc
     if not (isinstance(result, tuple) and len(result) == 3):
         raise ACStudioError(f"{spec.model}: the factory must return (model, batch, loss_fn)")
     model, batch, loss_fn = result

@@ -36,8 +36,13 @@ class WorkloadSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ACStudioError(f"batch size must be at least 1, got {self.batch_size}")
+        for name, value in (("batch size", self.batch_size), ("sequence length", self.seq_len),
+                            ("image size", self.image_size)):
+            if value < 1:
+                raise ACStudioError(f"the {name} must be at least 1, got {value} — give a positive number")
+        if self.config and ":" in self.model:
+            raise ACStudioError(f"{self.model}: --config applies to zoo models only — a custom factory builds "
+                                "its own model; change it in the factory")
         if self.optimizer not in OPTIMIZERS:
             raise ACStudioError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
@@ -120,6 +125,9 @@ def build_workload(spec: WorkloadSpec) -> Workload:
         workload = custom.build(spec)
     else:
         workload = zoo.build(spec)
+    if not any(p.requires_grad for p in workload.model.parameters()):
+        raise ACStudioError(f"{spec.model}: the model has no trainable parameters, so there is no training step "
+                            "to measure — give a model with parameters that require grad")
     workload.model.train()
     return workload
 
