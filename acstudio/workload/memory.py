@@ -113,12 +113,12 @@ def meta_estimate(spec: WorkloadSpec) -> MemoryEstimate | None:
     """The estimate from a ``meta`` build; None for a custom factory or a model whose code cannot run there."""
     if ":" in spec.model:  # the user's factory may load data or call .item(): do not run it twice
         return None
-    with torch.device("meta"):
-        workload = build_workload(spec)
     try:
+        with torch.device("meta"):
+            workload = build_workload(spec)
         return estimate_memory(workload)
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
-        return None  # an op without a meta kernel: fall back to counting the real workload
+        return None  # code that reads tensor values (regnet's widths) or an op without a meta kernel
 
 
 def available_bytes(dev: torch.device) -> tuple[int, str] | None:
@@ -135,11 +135,10 @@ def available_bytes(dev: torch.device) -> tuple[int, str] | None:
     return None
 
 
-def require_fits(spec: WorkloadSpec, dev: torch.device, estimate: MemoryEstimate | None = None) -> None:
+def require_fits(spec: WorkloadSpec, dev: torch.device, estimate: MemoryEstimate) -> None:
     """Refuse, with the numbers, a workload whose lower-bound memory exceeds what ``dev`` has free."""
-    estimate = estimate or meta_estimate(spec)
     have = available_bytes(dev)
-    if estimate is None or have is None or estimate.total <= have[0]:
+    if have is None or estimate.total <= have[0]:
         return
     free, where = have
     fixed = estimate.parameters + estimate.optimizer_state + estimate.gradients
@@ -152,10 +151,13 @@ def require_fits(spec: WorkloadSpec, dev: torch.device, estimate: MemoryEstimate
 
 
 def build_fitting(spec: WorkloadSpec, dev: torch.device) -> Workload:
-    """Build ``spec`` on the CPU once it is known to fit ``dev``: zoo models are checked from a ``meta`` build
-    before anything real exists, a custom factory's model as soon as it is built (before it moves or trains)."""
-    require_fits(spec, dev)
+    """Build ``spec`` on the CPU once it is known to fit ``dev``: from a ``meta`` build before anything real
+    exists where the model runs there, else (a custom factory, regnet) from the built model's own tensors,
+    before it moves or trains."""
+    estimate = meta_estimate(spec)
+    if estimate is not None:
+        require_fits(spec, dev, estimate)
     workload = build_workload(spec)
-    if workload.family == "custom":
+    if estimate is None:
         require_fits(spec, dev, estimate_memory(workload))
     return workload
