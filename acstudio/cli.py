@@ -33,7 +33,7 @@ def _parse_config(items: list[str]) -> tuple[tuple[str, str], ...]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ACStudioError(f"--config expects key=value, got {item!r}")
+            raise ACStudioError(f"--config expects key=value, got {item!r} — e.g. --config num_hidden_layers=2")
         out.append((key.strip(), value.strip()))
     return tuple(out)
 
@@ -138,7 +138,7 @@ def cmd_plan(args) -> int:
                   + (f"; all rows in {args.out})" if args.out else ")"))
         return 0
     if not args.budget:
-        raise ACStudioError("give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
+        raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
     result = plan(profile, budget, args.solver, simulator=sim, cancel=args.cancel)
     state = "fits" if result.feasible else "INFEASIBLE"
@@ -195,9 +195,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ACStudioError(f"expected comma-separated whole numbers, got {text!r}") from None
+        raise ACStudioError(f"expected comma-separated whole numbers, got {text!r} — e.g. 32,64,128") from None
     if not values:
-        raise ACStudioError("give at least one batch size")
+        raise ACStudioError("no batch size given — give at least one, e.g. -b 32")
     return values
 
 

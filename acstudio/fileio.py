@@ -150,16 +150,16 @@ def read_document(path: str | os.PathLike, schema: str, version: int) -> dict[st
     """Read a document written by :func:`write_document`; refuse other schemas and versions clearly."""
     p = Path(path)
     if not p.is_file():
-        raise ProfileFileError(f"{p}: no such file")
+        raise ProfileFileError(f"{p}: no such file — check the path")
     try:
         raw = p.read_bytes()
         text = gzip.decompress(raw).decode("utf-8") if raw[:2] == b"\x1f\x8b" else raw.decode("utf-8")
         doc = json.loads(text)
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, gzip.BadGzipFile) as exc:
-        raise ProfileFileError(f"{p}: not a readable {schema} file ({exc})") from exc
+        raise ProfileFileError(f"{p}: not a readable {schema} file ({exc}) — give a file AC Studio wrote") from exc
     if not isinstance(doc, dict) or doc.get("schema") != schema:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ProfileFileError(f"{p}: expected a {schema} file, found {found!r}")
+        raise ProfileFileError(f"{p}: expected a {schema} file, found {found!r} — check the file name")
     if doc.get("version") != version:
         raise ProfileFileError(
             f"{p}: {schema} version {doc.get('version')!r} is not supported (this AC Studio reads version "

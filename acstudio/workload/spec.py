@@ -44,9 +44,9 @@ class WorkloadSpec:
             raise ACStudioError(f"{self.model}: --config applies to zoo models only — a custom factory builds "
                                 "its own model; change it in the factory")
         if self.optimizer not in OPTIMIZERS:
-            raise ACStudioError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+            raise ACStudioError(f"unknown optimizer {self.optimizer!r} — choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
-            raise ACStudioError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+            raise ACStudioError(f"unknown precision {self.precision!r} — choose one of {', '.join(PRECISIONS)}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -103,7 +103,7 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=1e-3)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
-    raise ACStudioError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    raise ACStudioError(f"unknown optimizer {name!r} — choose one of {', '.join(OPTIMIZERS)}")
 
 
 def move_batch(batch: Any, device: torch.device | str) -> Any:
