@@ -322,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return gui_main(argv)
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("--debug needs a command, e.g. acstudio --debug profile ...")
     args.cancel = CancelToken()
     try:
         return args.func(args)

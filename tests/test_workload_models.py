@@ -25,8 +25,8 @@ TINY = {
     "llama": _DECODER, "mistral": _DECODER, "qwen2": _DECODER,
     "opt": {"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "ffn_dim": 32, "vocab_size": 64,
             "word_embed_proj_dim": 16},
-    # three layers: fewer than the default 24, and odd, so the global/local attention pattern must follow
-    "gpt_neo": {"num_layers": 3, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32, "vocab_size": 64},
+    # one layer: fewer than the default 24, and odd, so the global/local attention pattern must follow
+    "gpt_neo": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32, "vocab_size": 64},
 }
 
 
