@@ -49,9 +49,10 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False) -> None:
     what = "folder" if folder else "file"
     if not str(path).strip():
         raise OutputPathError(f"the output {what} name is empty — give a path")
-    if target.exists() and target.is_dir() != folder:
-        raise OutputPathError(f"{target} is a folder — give a file name, e.g. {target / 'out.json'}" if not folder
-                              else f"{target} exists and is not a folder — give a folder name")
+    if not folder and target.is_dir():
+        raise OutputPathError(f"{target} is a folder — give a file name, e.g. {target / 'out.json'}")
+    if folder and target.exists() and not target.is_dir():
+        raise OutputPathError(f"{target} exists and is not a folder — give a folder name")
     _check_place(target, target if target.is_dir() else _nearest_existing(target.parent))
 
 
