@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from acstudio.cli import main
-from acstudio.plan.mutwo import plan as make_plan
+from acstudio.plan.solvers import plan as make_plan
 from acstudio.profile.model import Profile
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_profiles" / "cpu_resnet18_bs16_sgd.json.gz"
