@@ -45,6 +45,8 @@ def workdir(tmp_path, monkeypatch, plan_files):
         "    return torch.nn.ReLU(), torch.ones(batch_size, 2), lambda m, b: m(b).sum()\n")
     (tmp_path / "inputs" / "blocker").write_text("a file, not a folder")
     (tmp_path / "inputs" / "a_folder").mkdir()
+    (tmp_path / "inputs" / "webapp").mkdir()
+    (tmp_path / "inputs" / "webapp" / "manifest.json").write_text('{"name": "my app"}')  # not an export's
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -115,6 +117,8 @@ CASES = {
     "export --out ..": (["export", S, "--plan", PLAN, "--out", ".."], "holds the current folder"),
     "export --out . --force": (["export", S, "--plan", PLAN, "--out", ".", "--force"], "holds the current folder"),
     "export into a user's folder": (["export", S, "--plan", PLAN, "--out", "../inputs"], "did not write"),
+    "export into another manifest's folder": (["export", S, "--plan", PLAN, "--out", "../inputs/webapp"],
+                                              "did not write"),
     # every writer, before it measures: the output's parent is a file
     "profile --out unwritable": ([*PROFILE_CPU, "--out", BLOCKED], "is not a folder"),
     "profile --csv unwritable": ([*PROFILE_CPU, "--out", "p.json", "--csv", BLOCKED], "is not a folder"),
