@@ -54,6 +54,15 @@ def test_every_listed_transformers_name_builds_and_profiles(name):
     assert estimate is None or 0 < estimate.total <= profile.peak_bytes
 
 
+def test_the_estimate_stays_a_lower_bound_under_bf16_autocast():
+    """Autocast does nothing on ``meta``; the estimate counts floats at bf16's size instead of fp32's."""
+    spec = tiny("gpt2", precision="bf16", batch_size=4, seq_len=32)
+    fp32 = meta_estimate(tiny("gpt2", batch_size=4, seq_len=32))
+    estimate = meta_estimate(spec)
+    assert estimate.activations < fp32.activations
+    assert estimate.total <= profile_workload(spec, "cpu", warmup=0).peak_bytes
+
+
 @pytest.mark.parametrize("model_type", list(HF_DEFAULT_TASK))
 def test_every_listed_type_takes_a_batch_at_its_default_seq_len(model_type):
     """Tiny widths, but the type's own position limit and the default --seq-len 512 (RoBERTa's offset included)."""

@@ -83,19 +83,23 @@ class _AttentionAsFused(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.scaled_dot_product_attention:
-            return _FusedAttention.apply(*args[:3])
+            named = [kwargs[k] for k in ("query", "key", "value") if k in (kwargs or {})]
+            return _FusedAttention.apply(*[*args, *named][:3])
         return func(*args, **(kwargs or {}))
 
 
 def saved_activation_bytes(workload: Workload) -> int:
     """Bytes of the distinct tensors, other than parameters, that the forward pass saves for backward."""
     params = {t.untyped_storage()._cdata for t in (*workload.model.parameters(), *workload.model.buffers())}
+    # Autocast does not act on meta tensors: under bf16 count every float at 2 bytes, the least it can take.
+    bf16 = workload.spec.precision == "bf16"
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage()._cdata
         if key not in params:
-            seen[key] = max(seen.get(key, 0), _nbytes(t))
+            nbytes = t.numel() * 2 if bf16 and t.is_floating_point() else _nbytes(t)
+            seen[key] = max(seen.get(key, 0), nbytes)
         return t
 
     batch = workload.batch
@@ -103,8 +107,7 @@ def saved_activation_bytes(workload: Workload) -> int:
         # transformers reads the mask's values to choose an attention path; meta tensors have none. Without
         # it the same layers run, with the same saved tensors.
         batch = {k: v for k, v in batch.items() if k != "attention_mask"}
-    autocast = torch.autocast("cpu", torch.bfloat16, enabled=workload.spec.precision == "bf16")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast, _AttentionAsFused():
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _AttentionAsFused():
         workload.loss_fn(workload.model, batch)
     return sum(seen.values())
 
