@@ -204,9 +204,11 @@ def _int_list(text: str) -> list[int]:
 
 def cmd_bench(args) -> int:
     from acstudio.bench import run_bench
+    from acstudio.profile.profiler import resolve_device
 
     args.batch_size = 1
     spec = dataclasses.replace(_spec(args), seed=args.seed)
+    resolve_device(args.device)  # here, not in every configuration's process
     check_writable(args.out, folder=True)
     results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
                         [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,

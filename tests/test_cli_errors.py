@@ -83,6 +83,8 @@ GPT2_CPU = ["profile", "gpt2", "-b", "1", "--seq-len", "8", "--device", "cpu", *
 
 CASES = {
     "device tpu": (["profile", "resnet18", "-b", "2", "--device", "tpu", "--out", "p.json"], "unknown device 'tpu'"),
+    "bench --device tpu": (["bench", "resnet18", "-b", "2", "--device", "tpu", "--out", "b"], "unknown device"),
+    "--iterations 1": ([*PROFILE_CPU, "--iterations", "1", "--out", "p.json"], "give --iterations 3 or more"),
     "batch too large for memory": (["profile", "resnet18", "-b", "2000000", "--image-size", "64", "--device", "cpu",
                                     "--out", "p.json"], "needs at least"),
     "seq-len 0": ([*GPT2_CPU, "--seq-len", "0", "--out", "p.json"], "sequence length must be at least 1"),

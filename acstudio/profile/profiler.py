@@ -265,7 +265,7 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
                      command: str | None = None, on_memory: MemoryFn | None = None) -> Profile:
     """Build, capture and measure one training iteration of ``spec`` on ``device``; return its ``Profile``."""
     if iterations < 3:
-        raise ACStudioError("at least 3 measured iterations are needed for a median")
+        raise ACStudioError(f"{iterations} measured iterations give no median — give --iterations 3 or more")
     dev = resolve_device(device)
     stage = "building the model"
     workload = step = flat = None
