@@ -7,9 +7,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from acstudio.errors import OutputPathError, ProfileFileError
@@ -64,13 +65,14 @@ def _check_place(target: Path, place: Path) -> None:
                               "location or change its permissions")
 
 
-def prepare_output_dir(path: str | os.PathLike, *, force: bool = False, marker: str = "manifest.json",
-                       schema: str = "acstudio.export") -> None:
+def prepare_output_dir(path: str | os.PathLike, *, force: bool = False,
+                       markers: Mapping[str, str] = MappingProxyType({"manifest.json": "acstudio.export"})) -> None:
     """Refuse an output folder that :func:`atomic_dir` must not replace; call before doing any work.
 
     :func:`atomic_dir` replaces the folder as a whole, so an existing non-empty one is accepted only if it is
-    ours (its ``marker`` file is a ``schema`` document) or ``force`` is given. The current folder and its
-    ancestors are never replaced, even with ``force``. The folder's parent must take new entries.
+    ours (one of its ``markers`` files is a document of the schema named beside it) or ``force`` is given. The
+    current folder and its ancestors are never replaced, even with ``force``. The folder's parent must take new
+    entries.
     """
     target = Path(path)
     resolved = target.resolve()
@@ -80,7 +82,9 @@ def prepare_output_dir(path: str | os.PathLike, *, force: bool = False, marker: 
                               "as a whole — give a new folder name, e.g. --out exported/")
     check_writable(target, folder=True)
     _check_place(target, _nearest_existing(resolved.parent))
-    if force or not target.is_dir() or not any(target.iterdir()) or _is_document(target / marker, schema):
+    if force or not target.is_dir() or not any(target.iterdir()):
+        return
+    if any(_is_document(target / name, schema) for name, schema in markers.items()):
         return
     raise OutputPathError(f"{target} is a non-empty folder that AC Studio did not write, and exporting replaces "
                           "the folder as a whole — give a new folder name, or --force to replace it")

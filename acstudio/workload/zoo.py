@@ -146,6 +146,8 @@ def build_transformers(spec: WorkloadSpec, model_type: str, task: str) -> Worklo
     import transformers
 
     config = transformers_config(spec, model_type)
+    if getattr(config, "use_cache", False) and "use_cache" not in dict(spec.config):
+        config.use_cache = False  # training keeps no KV cache (a checkpointed block must not update one)
     if getattr(config, "pad_token_id", None) is None and task == "cls":
         config.pad_token_id = 0
     auto = getattr(transformers, AUTO_CLASSES[task])
