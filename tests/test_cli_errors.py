@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from acstudio.cli import main
+from acstudio.errors import OutputPathError
+from acstudio.fileio import prepare_output_dir
 from acstudio.plan.solvers import plan as make_plan
 from acstudio.profile.model import Profile
 
@@ -193,3 +195,15 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_an_export_folder_is_known_by_any_of_its_markers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "sac_only"
+    folder.mkdir()
+    (folder / "sac_policy.json").write_text(json.dumps({"schema": "acstudio.sac_policy", "version": 1}))
+    markers = {"manifest.json": "acstudio.export", "sac_policy.json": "acstudio.sac_policy"}
+    prepare_output_dir(folder, markers=markers)  # ours: accepted
+    with pytest.raises(OutputPathError, match="did not write"):
+        prepare_output_dir(folder)  # without that marker it is somebody else's
+    assert (folder / "sac_policy.json").is_file()
