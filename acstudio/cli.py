@@ -1,20 +1,32 @@
 """Command line: ``acstudio`` (no arguments: the desktop app) and ``acstudio SUBCOMMAND`` for the engine.
 
-Every subcommand is a thin wrapper over an engine function; user errors (:class:`ACStudioError`) print one
-clear line and exit with status 2, Ctrl-C cancels cleanly with status 130.
+Every subcommand is a thin wrapper over an engine function. It checks its output paths before any work, so a
+long measurement is never thrown away for want of a writable folder. Every failure prints one line,
+``acstudio: error: <what> — <what to do>``, and exits with status 2 (``--debug`` adds the traceback);
+Ctrl-C cancels cleanly with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shlex
 import sys
+import traceback
 
 from acstudio import __version__
-from acstudio.errors import ACStudioError, Cancelled
+from acstudio.errors import ACStudioError, Cancelled, describe_failure
+from acstudio.fileio import check_writable
 from acstudio.jobs import CancelToken, TerminalProgress
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the same one-line error as every other failure (usage stays in ``--help``)."""
+
+    def error(self, message: str):
+        self.exit(2, f"acstudio: error: {message} — see `{self.prog} --help`\n")
 
 
 def _parse_config(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -22,7 +34,7 @@ def _parse_config(items: list[str]) -> tuple[tuple[str, str], ...]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ACStudioError(f"--config expects key=value, got {item!r}")
+            raise ACStudioError(f"--config expects key=value, got {item!r} — e.g. --config num_hidden_layers=2")
         out.append((key.strip(), value.strip()))
     return tuple(out)
 
@@ -78,6 +90,9 @@ def cmd_profile(args) -> int:
     from acstudio.profile.profiler import profile_workload
 
     spec = _spec(args)
+    check_writable(args.out)
+    if args.csv:
+        check_writable(args.csv, folder=True)
     command = "acstudio " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else None
     profile = profile_workload(spec, args.device, iterations=args.iterations, progress=TerminalProgress(),
                                cancel=args.cancel, command=command)
@@ -132,6 +147,10 @@ def cmd_plan(args) -> int:
     from acstudio.simulate.modes import get_mode
     from acstudio.simulate.simulator import Simulator
 
+    if args.out:
+        check_writable(args.out)
+    if args.schedule:
+        check_writable(args.schedule, folder=True)
     profile = per_rank(Profile.load(args.profile), args)
     sim = Simulator(profile, keep_random=args.keep_random)
     ctx = PlanContext(profile, sim)
@@ -156,7 +175,7 @@ def cmd_plan(args) -> int:
                   + (f"; all rows in {args.out})" if args.out else ")"))
         return 0
     if not args.budget:
-        raise ACStudioError("give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
+        raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
     result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx)
     state = "fits" if result.feasible else "INFEASIBLE"
@@ -191,6 +210,8 @@ def cmd_verify(args) -> int:
     from acstudio.fileio import write_text
     from acstudio.rewrite.verify import verify
 
+    if args.json:
+        check_writable(args.json)
     profile, plan = _load_profile_and_plan(args)
     result = verify(profile, plan, args.device, progress=TerminalProgress(), cancel=args.cancel)
     print(result.summary())
@@ -202,9 +223,10 @@ def cmd_verify(args) -> int:
 def cmd_export(args) -> int:
     from acstudio.export.exporter import export
 
+    check_writable(args.out, folder=True)  # whether it may be replaced, export() decides
     profile, plan = _load_profile_and_plan(args)
     formats = [f for f in args.format.split(",") if f] if args.format else None
-    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress())
+    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress(), force=args.force)
     for path in paths:
         print(f"wrote {path}")
     names = {os.path.basename(p) for p in paths}
@@ -219,17 +241,20 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ACStudioError(f"expected comma-separated whole numbers, got {text!r}") from None
+        raise ACStudioError(f"expected comma-separated whole numbers, got {text!r} — e.g. 32,64,128") from None
     if not values:
-        raise ACStudioError("give at least one batch size")
+        raise ACStudioError("no batch size given — give at least one, e.g. -b 32")
     return values
 
 
 def cmd_bench(args) -> int:
     from acstudio.bench import run_bench
+    from acstudio.profile.profiler import resolve_device
 
     args.batch_size = 1
     spec = dataclasses.replace(_spec(args), seed=args.seed)
+    resolve_device(args.device)  # here, not in every configuration's process
+    check_writable(args.out, folder=True)
     results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
                         [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
                         progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
@@ -243,18 +268,24 @@ def cmd_bench(args) -> int:
 def cmd_bench_plot(args) -> int:
     from acstudio.bench import plot_results
 
+    check_writable(args.out, folder=True)
     for path in plot_results(args.results, args.out):
         print(f"wrote {path}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="acstudio",
         description="Measure a whole PyTorch training step, plan activation checkpointing (mu-TWO), rewrite it. "
                     "Without a subcommand: open the desktop app (optionally on FILE).")
     parser.add_argument("--version", action="version", version=f"acstudio {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure (for bug reports)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # --debug is accepted after the subcommand too; SUPPRESS keeps a subcommand from resetting it to False.
+    debug = OneLineParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub.add_parser = functools.partial(sub.add_parser, parents=[debug])
 
     p = sub.add_parser("models", help="list the models that can be loaded")
     p.set_defaults(func=cmd_models)
@@ -294,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write the plan as a drop-in step, a schedule and a SAC policy")
     p.add_argument("profile")
     p.add_argument("--plan", required=True)
-    p.add_argument("--out", "-o", required=True, help="output folder (replaced as a whole)")
+    p.add_argument("--out", "-o", required=True,
+                   help="output folder, replaced as a whole: a new folder or an earlier export")
+    p.add_argument("--force", action="store_true", help="replace --out even if it holds files AC Studio did not write")
     p.add_argument("--format", metavar="step,schedule,sac",
                    help="formats to write, comma-separated (default: every one that applies)")
     p.set_defaults(func=cmd_export)
@@ -342,13 +375,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)
-    if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
+    if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version", "--debug")):
         if argv and argv[0].startswith("-") and argv[0] not in GUI_FLAGS:
             parser.error(f"unknown option {argv[0]}")
         from acstudio.gui.app import main as gui_main
 
         return gui_main(argv)
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("--debug needs a command, e.g. acstudio --debug profile ...")
     args.cancel = CancelToken()
     try:
         return args.func(args)
@@ -359,8 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     except Cancelled as exc:
         print(f"acstudio: {exc}", file=sys.stderr)
         return 130
-    except ACStudioError as exc:
-        print(f"\nacstudio: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"\nacstudio: error: {describe_failure(exc)}", file=sys.stderr)
         return 2
 
 

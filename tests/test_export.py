@@ -175,11 +175,11 @@ def test_failed_export_leaves_no_half_written_folder(tmp_path, monkeypatch):
     out.mkdir()
     (out / "old.txt").write_text("previous export")
     with pytest.raises(RuntimeError, match="disk full"):
-        export(profile, ids, out)
+        export(profile, ids, out, force=True)  # force: the folder is not one AC Studio wrote
     assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["old.txt"]
 
     monkeypatch.undo()
-    export(profile, ids, out)  # a successful export replaces the folder as a whole
+    export(profile, ids, out, force=True)  # a successful export replaces the folder as a whole
     assert "old.txt" not in os.listdir(out) and "step.py" in os.listdir(out)
     assert sorted(os.listdir(tmp_path)) == ["out"]
 

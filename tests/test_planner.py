@@ -140,10 +140,10 @@ def test_budget_parsing_and_formatting():
     assert parse_budget("6GiB", base) == 6 * 2**30
     assert parse_budget("5000MiB", base) == 5000 * 2**20
     assert parse_budget("1.5GB", base) == 1_500_000_000
-    assert parse_budget("123456", base) == 123456
+    assert parse_budget("123456B", base) == 123456
     assert parse_budget(" 60% ", base) == round(0.6 * base)
     assert parse_budget("2g", base) == 2 * 2**30
-    for bad in ("", "six GiB", "6 GiBs", "-1GiB", "0", "5 parsecs", "%"):
+    for bad in ("", "six GiB", "6 GiBs", "-1GiB", "0", "85", "5 parsecs", "%"):
         with pytest.raises(ACStudioError, match="budget"):
             parse_budget(bad, base)
     assert format_bytes(int(5.91 * 2**30)) == "5.91 GiB"

@@ -23,41 +23,49 @@ from acstudio.workload.spec import OPTIMIZER_CLASSES, Workload, WorkloadSpec
 def load_factory(reference: str):
     module_ref, _, attr = reference.rpartition(":")
     if not module_ref or not attr:
-        raise UnknownModelError(f"{reference!r}: expected 'path/to/file.py:factory' or 'package.module:factory'")
+        raise UnknownModelError(f"{reference!r} is not a model reference — give a zoo name (`acstudio models`), "
+                                "'path/to/file.py:factory' or 'package.module:factory'")
     if module_ref.endswith(".py") or "/" in module_ref:
         path = Path(module_ref)
         if not path.is_file():
-            raise UnknownModelError(f"{reference!r}: no such file {path}")
+            raise UnknownModelError(f"{reference!r}: no such file {path} — check the path")
         name = f"acstudio_user_{path.stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
-            raise UnknownModelError(f"{reference!r}: cannot import {path}")
+            raise UnknownModelError(f"{reference!r}: cannot import {path} — give a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
-            raise UnknownModelError(f"{reference!r}: importing {path} failed: {exc}") from exc
+            raise UnknownModelError(f"{reference!r}: importing {path} failed: {exc} — fix the file") from exc
     else:
         try:
             module = importlib.import_module(module_ref)
         except ImportError as exc:
-            raise UnknownModelError(f"{reference!r}: cannot import {module_ref}: {exc}") from exc
+            raise UnknownModelError(f"{reference!r}: cannot import {module_ref}: {exc} — check the module name "
+                                    "and that it is installed") from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise UnknownModelError(f"{reference!r}: {module_ref} has no callable {attr!r}")
+        raise UnknownModelError(f"{reference!r}: {module_ref} has no callable {attr!r} — name its factory "
+                                "function after the colon")
     return factory
 
 
 def build(spec: WorkloadSpec) -> Workload:
     factory = load_factory(spec.model)
-    result = factory(spec.batch_size)
+    try:
+        result = factory(spec.batch_size)
+    except Exception as exc:
+        raise ACStudioError(f"{spec.model}({spec.batch_size}) raised {type(exc).__name__}: {exc} — fix the "
+                            "factory (--debug shows where it failed)") from exc
     if not (isinstance(result, tuple) and len(result) in (3, 4)):
-        raise ACStudioError(f"{spec.model}: the factory must return (model, batch, loss_fn) or "
-                            "(model, batch, loss_fn, optimizer)")
+        raise ACStudioError(f"{spec.model}: the factory returned {type(result).__name__} — return (model, batch, "
+                            "loss_fn) or (model, batch, loss_fn, optimizer) as resources/custom_model_example.py does")
     model, batch, loss_fn, optimizer = (*result, None)[:4]
     if not isinstance(model, torch.nn.Module) or not callable(loss_fn):
-        raise ACStudioError(f"{spec.model}: the factory must return (nn.Module, batch, callable loss_fn)")
+        raise ACStudioError(f"{spec.model}: the factory returned a {type(model).__name__} model and a "
+                            f"{type(loss_fn).__name__} loss — return (nn.Module, batch, callable loss_fn)")
     if optimizer is not None:
         spec = dataclasses.replace(spec, optimizer=check_optimizer(spec, model, optimizer))
     return Workload(spec=spec, model=model, batch=batch, loss_fn=loss_fn, family="custom", optimizer=optimizer)

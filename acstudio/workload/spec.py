@@ -49,12 +49,17 @@ class WorkloadSpec:
     betas: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ACStudioError(f"batch size must be at least 1, got {self.batch_size}")
+        for name, value in (("batch size", self.batch_size), ("sequence length", self.seq_len),
+                            ("image size", self.image_size)):
+            if value < 1:
+                raise ACStudioError(f"the {name} must be at least 1, got {value} — give a positive number")
+        if self.config and ":" in self.model:
+            raise ACStudioError(f"{self.model}: --config applies to zoo models only — a custom factory builds "
+                                "its own model; change it in the factory")
         if self.optimizer not in OPTIMIZERS:
-            raise ACStudioError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+            raise ACStudioError(f"unknown optimizer {self.optimizer!r} — choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
-            raise ACStudioError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+            raise ACStudioError(f"unknown precision {self.precision!r} — choose one of {', '.join(PRECISIONS)}")
         if self.betas is not None:
             object.__setattr__(self, "betas", tuple(self.betas))
         make_optimizer(self.optimizer, [torch.nn.Parameter(torch.zeros(1))], **self.hyperparameters())
@@ -130,7 +135,7 @@ def make_optimizer(name: str, params, **hyperparameters) -> torch.optim.Optimize
     """torch.optim's own implementation ``name`` with DEFAULT_HYPERPARAMETERS, overridden by ``hyperparameters``
     (``lr``, ``weight_decay``, ``momentum`` for SGD, ``betas`` for Adam/AdamW)."""
     if name not in OPTIMIZER_CLASSES:
-        raise ACStudioError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+        raise ACStudioError(f"unknown optimizer {name!r} — choose one of {', '.join(OPTIMIZERS)}")
     defaults = DEFAULT_HYPERPARAMETERS[name]
     foreign = [k for k in hyperparameters if k not in defaults]
     if foreign:
@@ -163,6 +168,9 @@ def build_workload(spec: WorkloadSpec) -> Workload:
         workload = custom.build(spec)
     else:
         workload = zoo.build(spec)
+    if not any(p.requires_grad for p in workload.model.parameters()):
+        raise ACStudioError(f"{spec.model}: the model has no trainable parameters, so there is no training step "
+                            "to measure — give a model with parameters that require grad")
     workload.model.train()
     return workload
 
