@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from acstudio.errors import PlanMismatchError, ProfileFileError
+from acstudio.errors import PlanMismatchError
 from acstudio.fileio import read_document, write_document, write_text
 
 if TYPE_CHECKING:
@@ -101,10 +101,17 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Plan:
+    def from_dict(cls, d: dict[str, Any], source: str | os.PathLike = "plan") -> Plan:
+        """Build a plan from its document, validated first (:mod:`acstudio.profile.schema`).
+
+        Raises :class:`~acstudio.errors.CorruptFileError` naming ``source``, the field and the problem.
+        """
+        from acstudio.profile.schema import validate_plan
+
+        doc = validate_plan(d, source)
         fields = {f.name for f in dataclasses.fields(cls)}
-        body = {k: v for k, v in d.items() if k in fields}
-        body["schedule"] = [ScheduleEntry(*row) for row in d["schedule"]]
+        body = {k: v for k, v in doc.model_dump().items() if k in fields}
+        body["schedule"] = [ScheduleEntry(*row) for row in doc.schedule]
         return cls(**body)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -113,14 +120,14 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | os.PathLike, profile: Profile | None = None) -> Plan:
-        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph."""
-        doc = read_document(path, SCHEMA, SCHEMA_VERSION)
-        try:
-            plan = cls.from_dict(doc)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileFileError(f"{path}: corrupt plan ({type(exc).__name__}: {exc})") from exc
+        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph and every id it
+        names exists there."""
+        from acstudio.profile.schema import check_plan_against
+
+        plan = cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
         if profile is not None:
             plan.check_profile(profile)
+            check_plan_against(plan, profile, path)
         return plan
 
     # -- tables ---------------------------------------------------------------------------------------------

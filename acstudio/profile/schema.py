@@ -1,0 +1,361 @@
+"""Schemas of the profile and plan files: every document is checked before anything believes it.
+
+Two layers. pydantic checks the shape of the document (types, required keys, row lengths, enumerations,
+non-negative sizes and finite, plausible times) in one pass over the rows; then plain Python checks what a
+type cannot say: every id that is referenced exists, node order is topological, lifetimes run forward, the
+node table describes the stored graph, and the graph hashes to the fingerprint stored beside it. Either
+layer reports the first problem as ONE line that names the file, the field path and what is wrong, e.g.
+``profile.json: nodes[17].inputs[0] = 'n99999' names no node``; the planner, simulator, rewriter and GUI
+can then index by id without guarding every lookup.
+
+Bounds: sizes are whole bytes in ``[0, 2**53]`` (exact in float64, 8 PiB; no device has more), times
+milliseconds in ``[0, 1e9]`` (11 days per node: larger is a broken file, and sums of such values overflow).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+
+from acstudio.errors import CorruptFileError
+
+MAX_BYTES = 2**53
+MAX_MS = 1e9
+
+Bytes = Annotated[int, Field(strict=True, ge=0, le=MAX_BYTES)]
+Ms = Annotated[float, Field(strict=True, ge=0, le=MAX_MS, allow_inf_nan=False)]
+Id = Annotated[str, Field(strict=True, min_length=1)]
+Region = Literal["input", "forward", "loss", "backward", "optimizer", "output"]
+Category = Literal["parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary"]
+
+
+def _not_nan(value: float) -> float:
+    if math.isnan(value):
+        raise ValueError("is not a number")
+    return value
+
+
+# A recompute ratio is bytes per millisecond: +inf when the recomputation is free, never NaN.
+Ratio = Annotated[float, Field(strict=True, ge=0), AfterValidator(_not_nan)]
+
+# Rows are stored as lists (compact files); their column names come from the record dataclasses.
+NODE_COLUMNS = ("id", "name", "op", "target", "region", "module", "inputs", "shape", "dtype", "storage", "new_bytes",
+                "replay", "run_time_ms", "mem_after", "mem_peak")
+NodeRow = tuple[Id, StrictStr, StrictStr, StrictStr, Region, StrictStr, list[Id], StrictStr, StrictStr, StrictStr,
+                Bytes, StrictStr, Ms, Bytes, Bytes]
+ACTIVATION_COLUMNS = ("id", "bytes", "created_at", "last_fw_use", "first_bw_use", "last_bw_use", "inactive_time_ms",
+                      "recomputable", "reason")
+ActivationRow = tuple[Id, Bytes, Id, Id, Id, Id, Ms, StrictBool, StrictStr]
+SCHEDULE_COLUMNS = ("activation", "bytes", "freed_after", "recompute_before", "sources", "replay", "recompute_ms",
+                    "ratio")
+ScheduleRow = tuple[Id, Bytes, Id, Id, list[Id], list[Id], Ms, Ratio]
+ROW_COLUMNS = {"nodes": NODE_COLUMNS, "activations": ACTIVATION_COLUMNS, "schedule": SCHEDULE_COLUMNS}
+
+
+class _Doc(BaseModel):
+    # Unknown keys are ignored (a newer writer may add some). Scalars are strict (no "12" for 12, no true
+    # for 1); rows stay lax only so that JSON lists validate as the tuples they describe.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TensorDoc(_Doc):
+    id: Id
+    bytes: Bytes
+    category: Category
+    created_at: Id
+    freed_after: StrictStr
+    aliases: list[Id] = []
+
+
+class GraphNodeDoc(_Doc):
+    id: Id
+    name: StrictStr
+    op: Literal["placeholder", "call_function", "get_attr", "output"]
+    target: StrictStr
+    args: Any
+    kwargs: dict[str, Any]
+    region: Region
+    module: StrictStr
+    shape: StrictStr
+    dtype: StrictStr
+
+
+class ConstantDoc(_Doc):
+    dtype: StrictStr
+    shape: list[Annotated[int, Field(strict=True, ge=0)]]
+    device: StrictStr
+    data: list[StrictBool | StrictInt | StrictFloat]
+
+
+class GraphDoc(_Doc):
+    nodes: list[GraphNodeDoc]
+    inputs: list[tuple[StrictStr, StrictStr]]
+    grad_params: list[StrictStr]
+    constants: dict[str, ConstantDoc] = {}
+
+
+class WorkloadDoc(_Doc):
+    # Further keys are checked by WorkloadSpec where it is rebuilt (verify, export): importing it here would
+    # import torch into every `acstudio plan`, and new workload options then need no edit here.
+    model_config = ConfigDict(extra="allow")
+    model: Id
+    batch_size: Annotated[int, Field(strict=True, ge=1)]
+    optimizer: StrictStr
+    precision: StrictStr
+    image_size: Annotated[int, Field(strict=True, ge=1)] = 224
+    seq_len: Annotated[int, Field(strict=True, ge=1)] = 512
+    config: list[tuple[StrictStr, StrictStr]] = []
+    seed: StrictInt = 0
+
+
+class EnvironmentDoc(_Doc):
+    model_config = ConfigDict(extra="allow")
+    device: StrictStr
+    device_type: StrictStr = "cpu"
+
+
+class ProfileDoc(_Doc):
+    workload: WorkloadDoc
+    environment: EnvironmentDoc
+    graph: GraphDoc
+    nodes: list[NodeRow]
+    tensors: list[TensorDoc]
+    activations: list[ActivationRow]
+    peak_bytes: Bytes
+    peak_node: Id
+    peak_breakdown: dict[str, Bytes]
+    iteration_ms: Ms
+    iterations: dict[str, Annotated[int, Field(strict=True, ge=0)]] = {}
+    fingerprint: Id = ""  # absent in files written before it was stored (then not checked)
+
+
+class PlanDoc(_Doc):
+    profile_fingerprint: StrictStr
+    solver: StrictStr
+    budget_bytes: Bytes
+    recomputed: list[Id]
+    schedule: list[ScheduleRow]
+    predicted_peak_bytes: Bytes
+    predicted_peak_node: StrictStr
+    predicted_extra_ms: Ms
+    feasible: StrictBool
+    stop_reason: StrictStr
+    floor_bytes: Bytes
+    baseline_peak_bytes: Bytes
+    activation_bytes: dict[str, Bytes] = {}
+    excluded: dict[str, StrictStr] = {}
+    share_chains: StrictBool = False
+
+
+_PROFILE = TypeAdapter(ProfileDoc)
+_PLAN = TypeAdapter(PlanDoc)
+
+
+# -- one-line errors -------------------------------------------------------------------------------------------
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def field_path(loc: Sequence[str | int]) -> str:
+    """``('nodes', 17, 6, 0)`` -> ``nodes[17].inputs[0]`` (row columns named after the record's fields)."""
+    out = ""
+    for depth, part in enumerate(loc):
+        if isinstance(part, int):
+            columns = ROW_COLUMNS.get(str(loc[depth - 2])) if depth >= 2 and isinstance(loc[depth - 1], int) else None
+            out += f".{columns[part]}" if columns and part < len(columns) else f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def corrupt(source: str, kind: str, path: str, what: str) -> CorruptFileError:
+    """The one-line error every check raises: file, field path, what is wrong, what to do."""
+    remedy = "plan again" if kind == "plan" else "profile the model again"
+    where = f"{path} " if path else ""
+    return CorruptFileError(f"{source}: corrupt {kind}: {where}{what} — {remedy}")
+
+
+def _first_problem(exc: ValidationError, source: str, kind: str) -> CorruptFileError:
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    path = field_path(err["loc"])
+    if err["type"] == "missing":
+        what = "is missing"
+    else:
+        msg = err["msg"]
+        msg = msg[0].lower() + msg[1:] if msg else "is invalid"
+        msg = msg.removeprefix("value error, ")
+        what = f"= {_short(err['input'])}: {msg}" if path else msg
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return corrupt(source, kind, path, what + more)
+
+
+def validate_document(adapter: TypeAdapter, doc: Any, source: str, kind: str) -> Any:
+    try:
+        return adapter.validate_python(doc)
+    except ValidationError as exc:
+        raise _first_problem(exc, source, kind) from None
+
+
+# -- profiles ----------------------------------------------------------------------------------------------------
+def graph_refs(value: Any) -> Iterator[str]:
+    """Node ids an encoded graph argument reads (``{"$n": id}``), in order of appearance."""
+    if isinstance(value, list):
+        for v in value:
+            yield from graph_refs(v)
+    elif isinstance(value, dict):
+        if "$n" in value:
+            yield value["$n"]
+        else:
+            for v in value.values():
+                yield from graph_refs(v)
+
+
+class _Checker:
+    """Cross-reference checks on a document that already has the right types."""
+
+    def __init__(self, source: str, kind: str) -> None:
+        self.source, self.kind = source, kind
+
+    def fail(self, path: str, value: Any, what: str) -> CorruptFileError:
+        return corrupt(self.source, self.kind, f"{path} = {_short(value)}", what)
+
+    def unique(self, field: str, ids: Iterable[str]) -> dict[str, int]:
+        index: dict[str, int] = {}
+        for i, key in enumerate(ids):
+            if key in index:
+                raise self.fail(f"{field}[{i}].id", key, f"repeats {field}[{index[key]}]")
+            index[key] = i
+        return index
+
+    def exists(self, path: str, key: str, index: dict[str, Any] | set[str], what: str) -> None:
+        if key not in index:
+            raise self.fail(path, key, f"names no {what}")
+
+
+def check_profile(doc: ProfileDoc, source: str, fingerprint: str) -> None:
+    """Ids, order, lifetimes, graph/table agreement and fingerprint of a type-checked profile document."""
+    c = _Checker(source, "profile")
+    node_index = c.unique("nodes", (row[0] for row in doc.nodes))
+    tensor_index = c.unique("tensors", (t.id for t in doc.tensors))
+    for i, row in enumerate(doc.nodes):
+        for j, src in enumerate(row[6]):
+            c.exists(f"nodes[{i}].inputs[{j}]", src, node_index, "node")
+            if node_index[src] >= i:
+                raise c.fail(f"nodes[{i}].inputs[{j}]", src, "comes after its user: nodes are not in topological order")
+        if row[9]:
+            c.exists(f"nodes[{i}].storage", row[9], tensor_index, "tensor")
+    for i, t in enumerate(doc.tensors):
+        c.exists(f"tensors[{i}].created_at", t.created_at, node_index, "node")
+        if t.freed_after:
+            c.exists(f"tensors[{i}].freed_after", t.freed_after, node_index, "node")
+            if node_index[t.freed_after] < node_index[t.created_at]:
+                raise c.fail(f"tensors[{i}].freed_after", t.freed_after, "comes before created_at")
+        for j, alias in enumerate(t.aliases):
+            c.exists(f"tensors[{i}].aliases[{j}]", alias, node_index, "node")
+    _check_activations(c, doc, node_index, tensor_index)
+    c.exists("peak_node", doc.peak_node, node_index, "node")
+    _check_graph(c, doc)
+    if doc.fingerprint and doc.fingerprint != fingerprint:
+        raise c.fail("fingerprint", doc.fingerprint, f"does not match the stored graph (it hashes to {fingerprint!r})")
+
+
+def _check_activations(c: _Checker, doc: ProfileDoc, node_index: dict[str, int], tensor_index: dict[str, int]) -> None:
+    """Activations are tensors, listed in creation order (planners break ties by it), with a forward lifetime."""
+    c.unique("activations", (row[0] for row in doc.activations))
+    previous = (-1, -1)
+    for i, row in enumerate(doc.activations):
+        c.exists(f"activations[{i}].id", row[0], tensor_index, "tensor")
+        at = []
+        for col in range(2, 6):
+            path = f"activations[{i}].{ACTIVATION_COLUMNS[col]}"
+            c.exists(path, row[col], node_index, "node")
+            at.append(node_index[row[col]])
+            if len(at) > 1 and at[-1] < at[-2]:
+                raise c.fail(path, row[col], f"comes before {ACTIVATION_COLUMNS[col - 1]}")
+        order = (at[0], tensor_index[row[0]])
+        if order < previous:
+            raise c.fail(f"activations[{i}].id", row[0], "is out of creation order")
+        previous = order
+
+
+def _check_graph(c: _Checker, doc: ProfileDoc) -> None:
+    """The stored graph is the graph the node table measured: same nodes, same order, same wiring."""
+    graph = doc.graph.nodes
+    if len(graph) != len(doc.nodes):
+        raise c.fail("graph.nodes", f"{len(graph)} nodes", f"but the node table has {len(doc.nodes)}")
+    for i, (g, row) in enumerate(zip(graph, doc.nodes)):
+        stored = (g.id, g.name, g.op, g.target, g.region, g.module, g.shape, g.dtype)
+        for col, value, expected in zip((0, 1, 2, 3, 4, 5, 7, 8), stored, row[:6] + row[7:9]):
+            if value != expected:
+                raise c.fail(f"graph.nodes[{i}].{NODE_COLUMNS[col]}", value, f"but nodes[{i}] says {expected!r}")
+        reads = list(dict.fromkeys(graph_refs([g.args, g.kwargs])))
+        if reads != row[6]:
+            raise c.fail(f"nodes[{i}].inputs", row[6], f"but the graph node reads {_short(reads)}")
+    placeholders = sum(g.op == "placeholder" for g in graph)
+    if len(doc.graph.inputs) != placeholders:
+        raise c.fail("graph.inputs", f"{len(doc.graph.inputs)} slots", f"but the graph has {placeholders} inputs")
+
+
+def validate_profile(doc: dict[str, Any], source: str | os.PathLike, fingerprint_of) -> ProfileDoc:
+    """Type-check and cross-check a profile document; ``fingerprint_of(graph)`` hashes its stored graph."""
+    source = str(source)
+    parsed = validate_document(_PROFILE, doc, source, "profile")
+    check_profile(parsed, source, fingerprint_of(doc["graph"]) if parsed.fingerprint else "")
+    return parsed
+
+
+# -- plans ---------------------------------------------------------------------------------------------------------
+def validate_plan(doc: dict[str, Any], source: str | os.PathLike) -> PlanDoc:
+    """Type-check a plan document and check that it agrees with itself (no profile needed)."""
+    source = str(source)
+    parsed = validate_document(_PLAN, doc, source, "plan")
+    c = _Checker(source, "plan")
+    chosen = c.unique("recomputed", parsed.recomputed)
+    entries = c.unique("schedule", (row[0] for row in parsed.schedule))
+    for i, row in enumerate(parsed.schedule):
+        c.exists(f"schedule[{i}].activation", row[0], chosen, "recomputed activation")
+    for i, act in enumerate(parsed.recomputed):
+        c.exists(f"recomputed[{i}]", act, entries, "schedule entry")
+    return parsed
+
+
+def check_plan_against(plan, profile, source: str | os.PathLike) -> None:
+    """Every id the plan names exists in ``profile`` (whose fingerprint it already matches)."""
+    c = _Checker(str(source), "plan")
+    nodes = profile.node_index
+    acts = profile.activation_by_id
+    storages = {t.id for t in profile.tensors}
+    for i, act in enumerate(plan.recomputed):
+        c.exists(f"recomputed[{i}]", act, acts, "activation")
+        if act in plan.excluded or not acts[act].recomputable:
+            raise c.fail(f"recomputed[{i}]", act, "is not a recompute candidate")
+    for i, e in enumerate(plan.schedule):
+        for name in ("freed_after", "recompute_before"):
+            c.exists(f"schedule[{i}].{name}", getattr(e, name), nodes, "node")
+        for j, node in enumerate(e.replay):
+            c.exists(f"schedule[{i}].replay[{j}]", node, nodes, "node")
+        for j, src in enumerate(e.sources):
+            c.exists(f"schedule[{i}].sources[{j}]", src, storages, "tensor")
+    if plan.predicted_peak_node:
+        c.exists("predicted_peak_node", plan.predicted_peak_node, nodes, "node")
+    for act in plan.activation_bytes:
+        c.exists("activation_bytes", act, acts, "activation")
+    for act in plan.excluded:
+        c.exists("excluded", act, acts, "activation")
