@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from acstudio.profile.model import Profile
+    from acstudio.simulate.simulator import Simulator
 
 SCHEMA = "acstudio.plan"
 SCHEMA_VERSION = 1
@@ -119,15 +120,17 @@ class Plan:
         write_document(path, SCHEMA, SCHEMA_VERSION, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, profile: Profile | None = None) -> Plan:
-        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph and every id it
-        names exists there."""
-        from acstudio.profile.schema import check_plan_against
+    def load(cls, path: str | os.PathLike, profile: Profile | None = None, simulator: Simulator | None = None) -> Plan:
+        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph, every id it names
+        exists there and its schedule and predictions are what that profile gives (``simulator``: the profile's,
+        if one is at hand)."""
+        from acstudio.profile.schema import check_plan_against, check_plan_derivation
 
         plan = cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
         if profile is not None:
             plan.check_profile(profile)
             check_plan_against(plan, profile, path)
+            check_plan_derivation(plan, profile, path, simulator)
         return plan
 
     # -- tables ---------------------------------------------------------------------------------------------

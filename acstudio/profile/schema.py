@@ -261,6 +261,8 @@ def check_profile(doc: ProfileDoc, source: str, fingerprint: str) -> None:
                 raise c.fail(f"nodes[{i}].inputs[{j}]", src, "comes after its user: nodes are not in topological order")
         if row[9]:
             c.exists(f"nodes[{i}].storage", row[9], tensor_index, "tensor")
+        if row[14] < row[13]:
+            raise c.fail(f"nodes[{i}].mem_peak", row[14], f"is below mem_after ({row[13]})")
     for i, t in enumerate(doc.tensors):
         c.exists(f"tensors[{i}].created_at", t.created_at, node_index, "node")
         if t.freed_after:
@@ -346,16 +348,64 @@ def check_plan_against(plan, profile, source: str | os.PathLike) -> None:
         c.exists(f"recomputed[{i}]", act, acts, "activation")
         if act in plan.excluded or not acts[act].recomputable:
             raise c.fail(f"recomputed[{i}]", act, "is not a recompute candidate")
+    runs_at = -1
     for i, e in enumerate(plan.schedule):
         for name in ("freed_after", "recompute_before"):
             c.exists(f"schedule[{i}].{name}", getattr(e, name), nodes, "node")
+        if nodes[e.recompute_before] < runs_at:
+            raise c.fail(f"schedule[{i}].recompute_before", e.recompute_before, "runs before the entry above it: "
+                         "the schedule is not in execution order")
+        runs_at = nodes[e.recompute_before]
+        previous = -1
         for j, node in enumerate(e.replay):
             c.exists(f"schedule[{i}].replay[{j}]", node, nodes, "node")
+            if nodes[node] <= previous:
+                raise c.fail(f"schedule[{i}].replay[{j}]", node, "is out of topological order")
+            previous = nodes[node]
         for j, src in enumerate(e.sources):
             c.exists(f"schedule[{i}].sources[{j}]", src, storages, "tensor")
-    if plan.predicted_peak_node:
-        c.exists("predicted_peak_node", plan.predicted_peak_node, nodes, "node")
-    for act in plan.activation_bytes:
-        c.exists("activation_bytes", act, acts, "activation")
+    c.exists("predicted_peak_node", plan.predicted_peak_node, nodes, "node")
+    if plan.activation_bytes and plan.activation_bytes != {a.id: a.bytes for a in profile.activations}:
+        raise corrupt(c.source, c.kind, "activation_bytes", "does not list the profile's activations and their sizes")
     for act in plan.excluded:
         c.exists("excluded", act, acts, "activation")
+
+
+# Fields a plan reports that follow from its profile, recompute set and replay mode (the solver's name, its stop
+# reason and its per-entry ``ratio``, the score it chose by, do not).
+DERIVED = ("predicted_peak_bytes", "predicted_peak_node", "floor_bytes", "baseline_peak_bytes", "excluded")
+ENTRY_DERIVED = ("bytes", "freed_after", "recompute_before", "sources", "replay")
+
+
+def check_plan_derivation(plan, profile, source: str | os.PathLike, simulator=None) -> None:
+    """Simulate the plan's recompute set again: its schedule and predictions must be what the file says.
+
+    The rewriter reads only the recompute set and the replay mode; reports read the rest. Re-deriving the rest
+    (milliseconds on a 6814-node graph) means a file edited by hand cannot report one thing and run another.
+    """
+    from acstudio.plan.schedule import PlanContext
+
+    c = _Checker(str(source), "plan")
+    ctx = PlanContext(profile, simulator)
+    recomputed = ctx.sim.indices(plan.recomputed)
+    build = ctx.shared_plan_for_set if plan.share_chains else ctx.plan_for_set
+    expected = build(plan.solver, plan.budget_bytes, recomputed)
+    for name in DERIVED:
+        if getattr(plan, name) != getattr(expected, name):
+            raise c.fail(name, getattr(plan, name), f"but the profile gives {_short(getattr(expected, name))}")
+    if not math.isclose(plan.predicted_extra_ms, expected.predicted_extra_ms, rel_tol=1e-9, abs_tol=1e-9):
+        raise c.fail("predicted_extra_ms", plan.predicted_extra_ms,
+                     f"but the profile gives {expected.predicted_extra_ms!r}")
+    if plan.feasible != (plan.predicted_peak_bytes <= plan.budget_bytes):
+        raise c.fail("feasible", plan.feasible, f"but the predicted peak is {plan.predicted_peak_bytes} bytes for a "
+                     f"budget of {plan.budget_bytes}")
+    if len(plan.schedule) != len(expected.schedule):
+        raise c.fail("schedule", f"{len(plan.schedule)} entries", f"but the profile gives {len(expected.schedule)}")
+    for i, (got, want) in enumerate(zip(plan.schedule, expected.schedule)):
+        for name in ("activation", *ENTRY_DERIVED):
+            if getattr(got, name) != getattr(want, name):
+                raise c.fail(f"schedule[{i}].{name}", getattr(got, name),
+                             f"but the profile gives {_short(getattr(want, name))}")
+        if not math.isclose(got.recompute_ms, want.recompute_ms, rel_tol=1e-9, abs_tol=1e-9):
+            raise c.fail(f"schedule[{i}].recompute_ms", got.recompute_ms,
+                         f"but the profile gives {want.recompute_ms!r}")
