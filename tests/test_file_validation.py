@@ -229,3 +229,15 @@ def test_loading_and_validating_the_6814_node_sample_takes_under_a_second():
         profile = Profile.load(path)
         best = min(best, time.process_time() - start)
     assert len(profile.nodes) == 6814 and best < 1.0
+
+
+def test_an_old_profile_with_an_edited_graph_fails_to_rebuild_with_one_line(sample):
+    from acstudio.capture.serialize import deserialize_step
+
+    doc, _, _ = sample  # no stored fingerprint: the edit cannot be seen on load
+    bad = json.loads(json.dumps(doc))
+    k = next(i for i, g in enumerate(bad["graph"]["nodes"]) if g["op"] == "call_function")
+    bad["graph"]["nodes"][k]["kwargs"]["dtype"] = {"$dtype": "float99"}
+    profile = Profile.from_dict(bad)
+    with pytest.raises(ProfileFileError, match="corrupt graph in profile"):
+        deserialize_step(profile.graph)
