@@ -198,7 +198,7 @@ class Profile:
             environment=d["environment"],
             graph=d["graph"],
             nodes=[NodeRecord(*row) for row in doc.nodes],
-            tensors=[TensorRecord(**t.model_dump()) for t in doc.tensors],
+            tensors=[TensorRecord(**t) for t in doc.tensors],
             activations=[ActivationRecord(*row) for row in doc.activations],
             peak_bytes=doc.peak_bytes,
             peak_node=doc.peak_node,

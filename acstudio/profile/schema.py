@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -31,6 +31,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
+from typing_extensions import NotRequired, TypedDict
 
 from acstudio.errors import CorruptFileError
 
@@ -73,16 +74,18 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class TensorDoc(_Doc):
+# The thousands of tensors and graph nodes validate into plain dicts (TypedDict): building a model object per
+# row would double the load time of a large profile.
+class TensorDoc(TypedDict):
     id: Id
     bytes: Bytes
     category: Category
     created_at: Id
     freed_after: StrictStr
-    aliases: list[Id] = []
+    aliases: NotRequired[list[Id]]
 
 
-class GraphNodeDoc(_Doc):
+class GraphNodeDoc(TypedDict):
     id: Id
     name: StrictStr
     op: Literal["placeholder", "call_function", "get_attr", "output"]
@@ -214,17 +217,19 @@ def validate_document(adapter: TypeAdapter, doc: Any, source: str, kind: str) ->
 
 
 # -- profiles ----------------------------------------------------------------------------------------------------
-def graph_refs(value: Any) -> Iterator[str]:
+def graph_refs(value: Any) -> list[str]:
     """Node ids an encoded graph argument reads (``{"$n": id}``), in order of appearance."""
-    if isinstance(value, list):
-        for v in value:
-            yield from graph_refs(v)
-    elif isinstance(value, dict):
-        if "$n" in value:
-            yield value["$n"]
-        else:
-            for v in value.values():
-                yield from graph_refs(v)
+    out, todo = [], [value]
+    while todo:  # iterative: this runs over every argument of every node on each load
+        v = todo.pop()
+        if type(v) is list:
+            todo.extend(reversed(v))
+        elif type(v) is dict:
+            if "$n" in v:
+                out.append(v["$n"])
+            else:
+                todo.extend(reversed(list(v.values())))
+    return out
 
 
 class _Checker:
@@ -253,23 +258,23 @@ def check_profile(doc: ProfileDoc, source: str, fingerprint: str) -> None:
     """Ids, order, lifetimes, graph/table agreement and fingerprint of a type-checked profile document."""
     c = _Checker(source, "profile")
     node_index = c.unique("nodes", (row[0] for row in doc.nodes))
-    tensor_index = c.unique("tensors", (t.id for t in doc.tensors))
+    tensor_index = c.unique("tensors", (t["id"] for t in doc.tensors))
     for i, row in enumerate(doc.nodes):
         for j, src in enumerate(row[6]):
-            c.exists(f"nodes[{i}].inputs[{j}]", src, node_index, "node")
-            if node_index[src] >= i:
+            if node_index.get(src, i) >= i:  # unknown, or not before its user
+                c.exists(f"nodes[{i}].inputs[{j}]", src, node_index, "node")
                 raise c.fail(f"nodes[{i}].inputs[{j}]", src, "comes after its user: nodes are not in topological order")
-        if row[9]:
+        if row[9] and row[9] not in tensor_index:
             c.exists(f"nodes[{i}].storage", row[9], tensor_index, "tensor")
         if row[14] < row[13]:
             raise c.fail(f"nodes[{i}].mem_peak", row[14], f"is below mem_after ({row[13]})")
     for i, t in enumerate(doc.tensors):
-        c.exists(f"tensors[{i}].created_at", t.created_at, node_index, "node")
-        if t.freed_after:
-            c.exists(f"tensors[{i}].freed_after", t.freed_after, node_index, "node")
-            if node_index[t.freed_after] < node_index[t.created_at]:
-                raise c.fail(f"tensors[{i}].freed_after", t.freed_after, "comes before created_at")
-        for j, alias in enumerate(t.aliases):
+        c.exists(f"tensors[{i}].created_at", t["created_at"], node_index, "node")
+        if t["freed_after"]:
+            c.exists(f"tensors[{i}].freed_after", t["freed_after"], node_index, "node")
+            if node_index[t["freed_after"]] < node_index[t["created_at"]]:
+                raise c.fail(f"tensors[{i}].freed_after", t["freed_after"], "comes before created_at")
+        for j, alias in enumerate(t.get("aliases", ())):
             c.exists(f"tensors[{i}].aliases[{j}]", alias, node_index, "node")
     _check_activations(c, doc, node_index, tensor_index)
     c.exists("peak_node", doc.peak_node, node_index, "node")
@@ -303,14 +308,14 @@ def _check_graph(c: _Checker, doc: ProfileDoc) -> None:
     if len(graph) != len(doc.nodes):
         raise c.fail("graph.nodes", f"{len(graph)} nodes", f"but the node table has {len(doc.nodes)}")
     for i, (g, row) in enumerate(zip(graph, doc.nodes)):
-        stored = (g.id, g.name, g.op, g.target, g.region, g.module, g.shape, g.dtype)
+        stored = (g["id"], g["name"], g["op"], g["target"], g["region"], g["module"], g["shape"], g["dtype"])
         for col, value, expected in zip((0, 1, 2, 3, 4, 5, 7, 8), stored, row[:6] + row[7:9]):
             if value != expected:
                 raise c.fail(f"graph.nodes[{i}].{NODE_COLUMNS[col]}", value, f"but nodes[{i}] says {expected!r}")
-        reads = list(dict.fromkeys(graph_refs([g.args, g.kwargs])))
+        reads = list(dict.fromkeys(graph_refs([g["args"], g["kwargs"]])))
         if reads != row[6]:
             raise c.fail(f"nodes[{i}].inputs", row[6], f"but the graph node reads {_short(reads)}")
-    placeholders = sum(g.op == "placeholder" for g in graph)
+    placeholders = sum(g["op"] == "placeholder" for g in graph)
     if len(doc.graph.inputs) != placeholders:
         raise c.fail("graph.inputs", f"{len(doc.graph.inputs)} slots", f"but the graph has {placeholders} inputs")
 
