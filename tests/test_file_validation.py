@@ -143,6 +143,7 @@ PLAN_CASES = {
     "edited schedule": (lambda d: d["schedule"][0][4].pop(), "schedule[0].sources = "),
     "claims to fit": (lambda d: d.update(feasible=not d["feasible"]), "feasible = "),
     "entry without a choice": (lambda d: d["recomputed"].pop(), "names no recomputed activation"),
+    "repeated choice": (lambda d: d["recomputed"].append(d["recomputed"][0]), "repeats recomputed[0]"),
 }
 
 

@@ -241,11 +241,12 @@ class _Checker:
     def fail(self, path: str, value: Any, what: str) -> CorruptFileError:
         return corrupt(self.source, self.kind, f"{path} = {_short(value)}", what)
 
-    def unique(self, field: str, ids: Iterable[str]) -> dict[str, int]:
+    def unique(self, field: str, ids: Iterable[str], column: str = ".id") -> dict[str, int]:
+        """Position of each id in ``field``; a repeated id is an error (``column``: where rows keep it)."""
         index: dict[str, int] = {}
         for i, key in enumerate(ids):
             if key in index:
-                raise self.fail(f"{field}[{i}].id", key, f"repeats {field}[{index[key]}]")
+                raise self.fail(f"{field}[{i}]{column}", key, f"repeats {field}[{index[key]}]")
             index[key] = i
         return index
 
@@ -334,8 +335,8 @@ def validate_plan(doc: dict[str, Any], source: str | os.PathLike) -> PlanDoc:
     source = str(source)
     parsed = validate_document(_PLAN, doc, source, "plan")
     c = _Checker(source, "plan")
-    chosen = c.unique("recomputed", parsed.recomputed)
-    entries = c.unique("schedule", (row[0] for row in parsed.schedule))
+    chosen = c.unique("recomputed", parsed.recomputed, column="")
+    entries = c.unique("schedule", (row[0] for row in parsed.schedule), column=".activation")
     for i, row in enumerate(parsed.schedule):
         c.exists(f"schedule[{i}].activation", row[0], chosen, "recomputed activation")
     for i, act in enumerate(parsed.recomputed):
