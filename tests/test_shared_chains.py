@@ -90,13 +90,17 @@ def test_planner_picks_the_cheaper_mode_and_it_fits():
 
 
 def test_share_chains_is_saved_and_old_files_load(tmp_path):
+    from acstudio.plan.schedule import PlanContext
+
     _, _, _, _, profile = captured("bert")
-    p = plan(profile, int(profile.peak_bytes * 0.8))
-    p.share_chains = True
-    p.save(tmp_path / "p.json")
+    budget = int(profile.peak_bytes * 0.8)
+    ctx = PlanContext(profile)
+    chosen = ctx.sim.indices(plan(profile, budget).recomputed)
+    ctx.shared_plan_for_set("mutwo", budget, chosen).save(tmp_path / "p.json")
     assert Plan.load(tmp_path / "p.json", profile).share_chains
-    doc = json.loads((tmp_path / "p.json").read_text())
+    doc = ctx.plan_for_set("mutwo", budget, chosen).to_dict()  # loading checks the schedule against the mode
     del doc["share_chains"]
+    doc.update(schema="acstudio.plan", version=1)
     (tmp_path / "old.json").write_text(json.dumps(doc))
     assert Plan.load(tmp_path / "old.json", profile).share_chains is False
 
