@@ -11,7 +11,7 @@ from acstudio.cli import main
 from acstudio.errors import CorruptFileError, PlanMismatchError, ProfileFileError, WrongSchemaError
 from acstudio.fileio import read_document
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import plan
+from acstudio.plan.solvers import plan
 from acstudio.profile.model import SCHEMA, SCHEMA_VERSION, Profile
 from acstudio.profile.schema import field_path
 

@@ -19,7 +19,7 @@ from acstudio.fileio import read_document
 from acstudio.plan.model import SCHEMA as PLAN_SCHEMA
 from acstudio.plan.model import SCHEMA_VERSION as PLAN_VERSION
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import plan
+from acstudio.plan.solvers import plan
 from acstudio.profile.model import SCHEMA, SCHEMA_VERSION, Profile
 from acstudio.simulate.simulator import Simulator
 

@@ -194,7 +194,7 @@ def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
     window.budget.solver.setCurrentText("per-module")
     qtbot.waitUntil(lambda: window.session.state.plan.solver == "per-module" and window.session.state.complete)
     state = window.session.state
-    assert state.plan.share_chains
+    assert state.plan.replay_mode == "shared"
     assert state.sim.peak_bytes == state.plan.predicted_peak_bytes
 
 
@@ -625,8 +625,8 @@ def test_slider_answer_is_replaced_by_a_faster_shared_chain_plan(qtbot, window):
     open_and_wait(qtbot, window, str(sample))
     window.set_budget(4811 * 2**20)
     quick = window.session.state.plan
-    assert not quick.share_chains  # the instant answer is read off the trajectory
-    qtbot.waitUntil(lambda: window.session.state.plan.share_chains and window.session.state.complete,
+    assert quick.replay_mode == "again"  # the instant answer is read off the trajectory
+    qtbot.waitUntil(lambda: window.session.state.plan.replay_mode == "shared" and window.session.state.complete,
                     timeout=30_000)
     state = window.session.state
     assert state.plan.predicted_extra_ms < quick.predicted_extra_ms

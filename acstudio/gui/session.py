@@ -26,13 +26,17 @@ from acstudio.gui.graph_view import Decisions
 from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import Trajectory, mutwo_trajectory, plan
+from acstudio.plan.mutwo import Trajectory
+from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers import SOLVERS, trajectory
 from acstudio.profile.model import Profile
-from acstudio.simulate.shared import simulate_execution
+from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import SimResult, Simulator
 
 FASTER_PLAN_DELAY_MS = 300  # budget at rest this long before the shared-chain search runs
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
+# Solvers whose quick answer is read off μ-TWO's trajectory while the slider moves, refined when it rests.
+INSTANT = ("auto", "mutwo")
 TABLE_PLAN_COLUMNS = ("decision", "why", "step", "sources", "replay_nodes", "recompute_ms", "ratio")
 
 
@@ -43,6 +47,7 @@ class Loaded:
     path: str
     profile: Profile
     simulator: Simulator
+    ctx: PlanContext  # caches what the solvers share for this profile
     trajectory: Trajectory
     tree: ModuleTree
     baseline: SimResult
@@ -93,15 +98,16 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     simulator = Simulator(profile)
     baseline = simulator.simulate([])
     check(cancel)
-    trajectory = mutwo_trajectory(profile, simulator, progress=progress, cancel=cancel)
+    ctx = PlanContext(profile, simulator)
+    traj = trajectory(ctx, progress=progress, cancel=cancel)
     report(progress, 2, 3, "grouping the graph")
-    template = trajectory.plan_for_budget(simulator.baseline_peak)
+    template = traj.plan_for_budget(simulator.baseline_peak)
     tree = ModuleTree(profile)
     index = profile.node_index
     act_node = np.array([index[a.created_at] for a in profile.activations], dtype=np.int64)
     act_bytes = np.array([a.bytes for a in profile.activations], dtype=np.int64)
     report(progress, 3, 3, "ready")
-    return Loaded(path=path, profile=profile, simulator=simulator, trajectory=trajectory, tree=tree,
+    return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, trajectory=traj, tree=tree,
                   baseline=baseline, template=template, table=activation_table(profile), act_node=act_node,
                   act_bytes=act_bytes)
 
@@ -113,7 +119,7 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
         profile = Profile.load(path)
     except WrongSchemaError as profile_error:  # another kind of document: its own loader says what is wrong
         try:
-            found = Plan.load(path, *((current.profile, current.simulator) if current is not None else ()))
+            found = Plan.load(path, *((current.profile, current.ctx) if current is not None else ()))
         except WrongSchemaError:
             try:
                 found = BenchResults.load(path)
@@ -138,24 +144,26 @@ def check_same_workload(results: BenchResults, profile: Profile) -> None:
                             f"than the open profile ({profile.workload['model']!r}); open its profile first")
 
 
-def simulate_plan(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
-    return plan, simulate_execution(loaded.simulator, plan.recomputed, plan.share_chains)
+def simulated(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
+    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
 
 
 def solver_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None) -> tuple[Plan, SimResult]:
-    result = plan(loaded.profile, budget, solver, loaded.simulator, cancel)
+    result = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
     check(cancel)
-    return result, simulate_execution(loaded.simulator, result.recomputed, result.share_chains)
+    return result, simulate_plan(loaded.simulator, result.recomputed, result.replay_mode)
 
 
-def faster_plan(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult] | None:
-    """μ-TWO's plan with shared-chain replays when that is predicted faster than the slider's quick answer
+def faster_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None
+                ) -> tuple[Plan, SimResult] | None:
+    """``solver``'s own plan when it is predicted faster than the slider's quick answer read off μ-TWO's trajectory
     (tens of simulations, ~0.1 s: too slow for every slider step, so it follows in the background)."""
-    best = loaded.trajectory.best_plan_for_budget(budget)
+    best = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
     check(cancel)
-    if not best.share_chains:
+    quick = loaded.trajectory.plan_for_budget(budget)
+    if best.recomputed == quick.recomputed and best.replay_mode == quick.replay_mode:
         return None
-    return best, simulate_execution(loaded.simulator, best.recomputed, True)
+    return best, simulate_plan(loaded.simulator, best.recomputed, best.replay_mode)
 
 
 class Session(QObject):
@@ -171,7 +179,7 @@ class Session(QObject):
         super().__init__(parent)
         self.loaded: Loaded | None = None
         self.state: PlanState | None = None
-        self.solver = "mutwo"
+        self.solver = "auto"
         self.selected = ""
         self.plan_runner = JobRunner("plan", self)
         self.plan_runner.resultReady.connect(self._on_simulated)
@@ -200,7 +208,7 @@ class Session(QObject):
 
     @property
     def floor_bytes(self) -> int:
-        return self.loaded.simulator.floor_bytes
+        return self.loaded.ctx.floor_bytes
 
     @property
     def baseline_bytes(self) -> int:
@@ -208,10 +216,11 @@ class Session(QObject):
 
     # -- plans -----------------------------------------------------------------------------------------------
     def set_budget(self, budget: int) -> PlanState | None:
-        """Plan for ``budget``: μ-TWO's is read off the trajectory at once (its timeline follows through a second
-        ``planChanged``); other solvers plan from scratch in the background and report only then."""
+        """Plan for ``budget``: for :data:`INSTANT` solvers μ-TWO's plan is read off the trajectory at once (its
+        timeline follows through a second ``planChanged``) and the solver's own plan replaces it when the budget
+        rests; other solvers plan from scratch in the background and report only then."""
         loaded = self.loaded
-        if self.solver != "mutwo":
+        if self.solver not in INSTANT:
             self._faster_timer.stop()
             self.faster_runner.cancel()
             self.plan_runner.submit(partial(solver_plan, loaded, budget, self.solver))
@@ -223,15 +232,16 @@ class Session(QObject):
 
     def _search_faster(self) -> None:
         if self.loaded is not None and self.state is not None and self.state.plan.solver == "mutwo":
-            self.faster_runner.submit(partial(faster_plan, self.loaded, self.state.plan.budget_bytes))
+            self.faster_runner.submit(partial(faster_plan, self.loaded, self.state.plan.budget_bytes, self.solver))
 
     def _on_faster(self, result: tuple[Plan, SimResult] | None) -> None:
-        """Replace the quick answer by the shared-chain plan if the user is still at that budget."""
+        """Replace the quick answer by the solver's own plan if the user is still at that budget."""
         current = self.state.plan if self.state is not None else None
         if result is None or current is None or current.solver != "mutwo":
             return
         plan, sim = result
-        if plan.budget_bytes != current.budget_bytes or plan.predicted_extra_ms >= current.predicted_extra_ms:
+        if plan.budget_bytes != current.budget_bytes or (plan.feasible, -plan.predicted_extra_ms) <= (
+                current.feasible, -current.predicted_extra_ms):
             return
         self._cache[self._key(plan)] = sim
         self.show(plan)
@@ -247,12 +257,12 @@ class Session(QObject):
             self._cache.move_to_end(key)
             self.plan_runner.cancel()
         else:
-            self.plan_runner.submit(partial(simulate_plan, self.loaded, plan))
+            self.plan_runner.submit(partial(simulated, self.loaded, plan))
         self.planChanged.emit(self.state)
 
     @staticmethod
     def _key(plan: Plan) -> tuple[str, tuple[str, ...], bool]:
-        return plan.solver, tuple(plan.recomputed), plan.share_chains
+        return plan.solver, tuple(plan.recomputed), plan.replay_mode
 
     def _on_simulated(self, result: tuple[Plan, SimResult]) -> None:
         plan, sim = result

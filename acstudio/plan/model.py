@@ -4,9 +4,11 @@ A plan is tied to one captured graph by ``profile_fingerprint``; loading it agai
 :class:`~acstudio.errors.PlanMismatchError`. The schedule lists the recomputations in the order they run
 (by first backward use, then forward creation order), which is the order the rewriter inserts them in.
 
-``share_chains`` says how the rewriter replays them: each recomputation replays its chain back to resident
-tensors (False, μ-TWO's model), or a replay also produces the recomputed activations it passes through and
-keeps them until their last backward use (True; see :mod:`acstudio.simulate.shared`).
+``replay_mode`` names how the recomputations run and were priced: a mode registered in
+:mod:`acstudio.simulate.modes` (``"again"``: each recomputation replays its chain from kept tensors, μ-TWO's model;
+``"shared"``: one replay also produces the recomputed activations it passes and keeps them until their last
+backward use). Files written before modes were named carry a bool ``share_chains`` instead; it is read as
+``"shared"`` / ``"again"``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from acstudio.fileio import read_document, write_document, write_text
 if TYPE_CHECKING:
     import pandas as pd
 
+    from acstudio.plan.schedule import PlanContext
     from acstudio.profile.model import Profile
-    from acstudio.simulate.simulator import Simulator
 
 SCHEMA = "acstudio.plan"
 SCHEMA_VERSION = 1
@@ -72,7 +74,7 @@ class Plan:
     baseline_peak_bytes: int
     activation_bytes: dict[str, int] = field(default_factory=dict)  # every activation of the profile
     excluded: dict[str, str] = field(default_factory=dict)  # activations that are not candidates, and why
-    share_chains: bool = False  # how the rewriter replays them (see the module docstring); absent in old files
+    replay_mode: str = "again"  # a registered replay mode (see the module docstring)
 
     # -- identity ------------------------------------------------------------------------------------------
     def check_profile(self, profile: Profile) -> None:
@@ -120,17 +122,18 @@ class Plan:
         write_document(path, SCHEMA, SCHEMA_VERSION, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, profile: Profile | None = None, simulator: Simulator | None = None) -> Plan:
+    def load(cls, path: str | os.PathLike, profile: Profile | None = None, context: PlanContext | None = None
+             ) -> Plan:
         """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph, every id it names
-        exists there and its schedule and predictions are what that profile gives (``simulator``: the profile's,
-        if one is at hand)."""
+        exists there and its schedule and predictions are what that profile gives (``context``: the profile's
+        plan context, if one is at hand, saves simulating it again)."""
         from acstudio.profile.schema import check_plan_against, check_plan_derivation
 
         plan = cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
         if profile is not None:
             plan.check_profile(profile)
             check_plan_against(plan, profile, path)
-            check_plan_derivation(plan, profile, path, simulator)
+            check_plan_derivation(plan, profile, path, context)
         return plan
 
     # -- tables ---------------------------------------------------------------------------------------------

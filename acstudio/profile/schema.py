@@ -30,6 +30,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 from typing_extensions import NotRequired, TypedDict
 
@@ -162,7 +163,17 @@ class PlanDoc(_Doc):
     baseline_peak_bytes: Bytes
     activation_bytes: dict[str, Bytes] = {}
     excluded: dict[str, StrictStr] = {}
-    share_chains: StrictBool = False
+    replay_mode: StrictStr = "again"  # checked against the registered modes in validate_plan
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_share_chains(cls, d: Any) -> Any:
+        """Files from before replay modes had names carry a bool ``share_chains``: true is "shared"."""
+        if isinstance(d, dict) and "replay_mode" not in d and "share_chains" in d:
+            if not isinstance(d["share_chains"], bool):
+                raise ValueError(f"share_chains = {_short(d['share_chains'])} is not true or false")
+            d = {**d, "replay_mode": "shared" if d["share_chains"] else "again"}
+        return d
 
 
 _PROFILE = TypeAdapter(ProfileDoc)
@@ -332,9 +343,13 @@ def validate_profile(doc: dict[str, Any], source: str | os.PathLike, fingerprint
 # -- plans ---------------------------------------------------------------------------------------------------------
 def validate_plan(doc: dict[str, Any], source: str | os.PathLike) -> PlanDoc:
     """Type-check a plan document and check that it agrees with itself (no profile needed)."""
+    from acstudio.simulate.modes import REPLAY_MODES
+
     source = str(source)
     parsed = validate_document(_PLAN, doc, source, "plan")
     c = _Checker(source, "plan")
+    if parsed.replay_mode not in REPLAY_MODES:
+        raise c.fail("replay_mode", parsed.replay_mode, f"is not a replay mode ({', '.join(REPLAY_MODES)})")
     chosen = c.unique("recomputed", parsed.recomputed, column="")
     entries = c.unique("schedule", (row[0] for row in parsed.schedule), column=".activation")
     for i, row in enumerate(parsed.schedule):
@@ -378,19 +393,20 @@ DERIVED = ("predicted_peak_bytes", "predicted_peak_node", "floor_bytes", "baseli
 ENTRY_DERIVED = ("bytes", "freed_after", "recompute_before", "sources", "replay")
 
 
-def check_plan_derivation(plan, profile, source: str | os.PathLike, simulator=None) -> None:
+def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None) -> None:
     """Simulate the plan's recompute set again: its schedule and predictions must be what the file says.
 
     The rewriter reads only the recompute set and the replay mode; reports read the rest. Re-deriving the rest
-    (milliseconds on a 6814-node graph) means a file edited by hand cannot report one thing and run another.
+    (milliseconds on a 6814-node graph, plus the AC floor unless ``context``, the profile's
+    :class:`~acstudio.plan.schedule.PlanContext`, has it already) means a file edited by hand cannot report one
+    thing and run another.
     """
     from acstudio.plan.schedule import PlanContext
 
     c = _Checker(str(source), "plan")
-    ctx = PlanContext(profile, simulator)
-    recomputed = ctx.sim.indices(plan.recomputed)
-    build = ctx.shared_plan_for_set if plan.share_chains else ctx.plan_for_set
-    expected = build(plan.solver, plan.budget_bytes, recomputed)
+    ctx = context or PlanContext(profile)
+    expected = ctx.plan_for_set(plan.solver, plan.budget_bytes, ctx.sim.indices(plan.recomputed),
+                                mode=plan.replay_mode)
     for name in DERIVED:
         if getattr(plan, name) != getattr(expected, name):
             raise c.fail(name, getattr(plan, name), f"but the profile gives {_short(getattr(expected, name))}")
