@@ -144,6 +144,9 @@ PLAN_CASES = {
     "claims to fit": (lambda d: d.update(feasible=not d["feasible"]), "feasible = "),
     "entry without a choice": (lambda d: d["recomputed"].pop(), "names no recomputed activation"),
     "repeated choice": (lambda d: d["recomputed"].append(d["recomputed"][0]), "repeats recomputed[0]"),
+    "unknown replay mode": (lambda d: d.update(replay_mode="twice"), "replay_mode = 'twice' is not a replay mode ("),
+    "legacy flag not a bool": (lambda d: (d.pop("replay_mode"), d.update(share_chains="yes")),
+                               "share_chains = 'yes' is not true or false"),
 }
 
 
