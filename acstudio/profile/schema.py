@@ -5,8 +5,9 @@ non-negative sizes and finite, plausible times) in one pass over the rows; then 
 type cannot say: every id that is referenced exists, node order is topological, lifetimes run forward, the
 node table describes the stored graph, and the graph hashes to the fingerprint stored beside it. Either
 layer reports the first problem as ONE line that names the file, the field path and what is wrong, e.g.
-``profile.json: nodes[17].inputs[0] = 'n99999' names no node``; the planner, simulator, rewriter and GUI
-can then index by id without guarding every lookup.
+``profile.json: corrupt profile: nodes[17].inputs[0] = 'n99999' names no node — profile the model again``;
+the planner, simulator, rewriter and GUI can then index by id without guarding every lookup. A plan loaded
+with its profile is also simulated again (:func:`check_plan_derivation`).
 
 Bounds: sizes are whole bytes in ``[0, 2**53]`` (exact in float64, 8 PiB; no device has more), times
 milliseconds in ``[0, 1e9]`` (11 days per node: larger is a broken file, and sums of such values overflow).
@@ -35,6 +36,7 @@ from pydantic import (
 from typing_extensions import NotRequired, TypedDict
 
 from acstudio.errors import CorruptFileError
+from acstudio.profile.model import CATEGORIES, REGIONS
 
 MAX_BYTES = 2**53
 MAX_MS = 1e9
@@ -42,8 +44,8 @@ MAX_MS = 1e9
 Bytes = Annotated[int, Field(strict=True, ge=0, le=MAX_BYTES)]
 Ms = Annotated[float, Field(strict=True, ge=0, le=MAX_MS, allow_inf_nan=False)]
 Id = Annotated[str, Field(strict=True, min_length=1)]
-Region = Literal["input", "forward", "loss", "backward", "optimizer", "output"]
-Category = Literal["parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary"]
+Region = Literal[REGIONS]
+Category = Literal[CATEGORIES]
 
 
 def _not_nan(value: float) -> float:
