@@ -59,9 +59,15 @@ def _mutate(rng: random.Random, text: str, sections: list[str]) -> tuple[dict, s
         if op == "delete":
             del container[key]
             return out, f"{op} at {key!r} ({type(old).__name__})"
-        if op == "shuffle":
-            if not isinstance(old, list):
+        if op == "shuffle" and not isinstance(old, list):  # shuffle the list the value sits in, if any
+            if not isinstance(container, list):
                 continue
+            shuffled = rng.sample(container, len(container))
+            if json.dumps(shuffled) == json.dumps(container):
+                continue
+            container[:] = shuffled
+            return out, f"shuffle around {key!r} ({type(old).__name__})"
+        if op == "shuffle":
             new = rng.sample(old, len(old))
         elif op == "wrong type":
             new = rng.choice(WRONG.get(type(old), (None,)))
