@@ -116,7 +116,8 @@ class Plan:
 
         doc = validate_plan(d, source)
         fields = {f.name for f in dataclasses.fields(cls)}
-        body = {k: v for k, v in doc.model_dump().items() if k in fields}
+        body = {k: v for k, v in d.items() if k in fields}  # a field the schema does not know yet passes as is
+        body.update((k, v) for k, v in doc.model_dump().items() if k in fields)
         body["schedule"] = [ScheduleEntry(*row) for row in doc.schedule]
         return cls(**body)
 

@@ -166,6 +166,7 @@ class PlanDoc(_Doc):
     activation_bytes: dict[str, Bytes] = {}
     excluded: dict[str, StrictStr] = {}
     replay_mode: StrictStr = "again"  # checked against the registered modes in validate_plan
+    keep_random: StrictBool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -369,7 +370,7 @@ def check_plan_against(plan, profile, source: str | os.PathLike) -> None:
     storages = {t.id for t in profile.tensors}
     for i, act in enumerate(plan.recomputed):
         c.exists(f"recomputed[{i}]", act, acts, "activation")
-        if act in plan.excluded or not acts[act].recomputable:
+        if act in plan.excluded:
             raise c.fail(f"recomputed[{i}]", act, "is not a recompute candidate")
     for i, e in enumerate(plan.schedule):
         for name in ("freed_after", "recompute_before"):
@@ -404,9 +405,12 @@ def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None
     thing and run another.
     """
     from acstudio.plan.schedule import PlanContext
+    from acstudio.simulate.simulator import Simulator
 
     c = _Checker(str(source), "plan")
-    ctx = context or PlanContext(profile)
+    ctx = context
+    if ctx is None or ctx.rg.keep_random != plan.keep_random:  # candidates depend on the random-op rule
+        ctx = PlanContext(profile, Simulator(profile, keep_random=plan.keep_random))
     expected = ctx.plan_for_set(plan.solver, plan.budget_bytes, ctx.sim.indices(plan.recomputed),
                                 mode=plan.replay_mode)
     for name in DERIVED:
