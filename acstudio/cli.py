@@ -201,7 +201,14 @@ def _load_profile_and_plan(args):
     from acstudio.profile.model import Profile
 
     profile = Profile.load(args.profile)
-    return profile, Plan.load(args.plan, profile=profile)
+    plan = Plan.load(args.plan, profile=profile)
+    if not plan.feasible:
+        from acstudio.plan.budget import format_bytes
+
+        print(f"acstudio: warning: {args.plan} is INFEASIBLE: predicted peak {format_bytes(plan.predicted_peak_bytes)} "
+              f"exceeds its budget {format_bytes(plan.budget_bytes)} (AC floor {format_bytes(plan.floor_bytes)}); "
+              "going on, but the step will not fit that budget", file=sys.stderr)
+    return profile, plan
 
 
 def cmd_verify(args) -> int:

@@ -172,7 +172,8 @@ def deserialize_step(graph: dict[str, Any], device: str | None = None) -> Captur
         gm = fx.GraphModule(root, g)
         # Profiles from before hyperparameters were graph inputs have none: their values are graph constants.
         optimizer = OptimizerRecord.from_dict(graph["optimizer"]) if "optimizer" in graph else None
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        # Profiles are validated on load, but files older than the stored fingerprint can carry edited arguments.
         raise ProfileFileError(f"corrupt graph in profile ({type(exc).__name__}: {exc})") from exc
     return CapturedStep(gm=gm, inputs=[InputSlot(k, key) for k, key in graph["inputs"]],
                         grad_params=list(graph["grad_params"]), optimizer=optimizer)

@@ -20,7 +20,7 @@ import pandas as pd
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from acstudio.bench.results import BenchResults
-from acstudio.errors import ACStudioError, ProfileFileError
+from acstudio.errors import ACStudioError, WrongSchemaError
 from acstudio.gui.graph_layout import ModuleTree
 from acstudio.gui.graph_view import Decisions
 from acstudio.gui.jobs import JobRunner
@@ -117,13 +117,13 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
     """A profile (prepared) or, if a profile is open, a plan made for it or benchmark results of its workload."""
     try:
         profile = Profile.load(path)
-    except ProfileFileError as profile_error:
+    except WrongSchemaError as profile_error:  # another kind of document: its own loader says what is wrong
         try:
-            found = Plan.load(path, current.profile if current is not None else None)
-        except ProfileFileError:
+            found = Plan.load(path, *((current.profile, current.ctx) if current is not None else ()))
+        except WrongSchemaError:
             try:
                 found = BenchResults.load(path)
-            except ProfileFileError:
+            except WrongSchemaError:
                 raise profile_error from None
         what = "a plan" if isinstance(found, Plan) else "a benchmark"
         if current is None:
