@@ -111,6 +111,8 @@ class DataFrameModel(QAbstractTableModel):
         r, c = index.row(), index.column()
         if role == Qt.ItemDataRole.DisplayRole:
             return self._text[c][r]
+        if role == Qt.ItemDataRole.ToolTipRole:  # the whole text of a cell its column elides
+            return self._text[c][r] or None
         if role == SORT_ROLE:
             v = self._raw[c][r]
             if isinstance(v, float) and math.isnan(v):
@@ -136,9 +138,23 @@ class FilterProxy(QSortFilterProxyModel):
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
+        self._only: set[str] | None = None
         self.setSortRole(SORT_ROLE)
         self.setFilterKeyColumn(-1)
         self.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+
+    def set_only(self, ids: set[str] | None) -> None:
+        """Show only the rows with these ids (``None``: all), on top of the text filter."""
+        self.beginFilterChange()
+        self._only = ids
+        self.endFilterChange()
+
+    def filterAcceptsRow(self, source_row: int, source_parent: Index) -> bool:
+        if self._only is not None:
+            row_id = self.sourceModel().index(source_row, 0, source_parent).data(ID_ROLE)
+            if row_id not in self._only:
+                return False
+        return super().filterAcceptsRow(source_row, source_parent)
 
     def lessThan(self, left: Index, right: Index) -> bool:
         a, b = left.data(SORT_ROLE), right.data(SORT_ROLE)
