@@ -7,6 +7,7 @@ import shutil
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -172,14 +173,18 @@ def test_slider_changes_plan_timeline_graph_and_table(qtbot, window, tiny_profil
     assert window.timeline.budget_line.value() == pytest.approx(session.floor_bytes / 2**30)
 
 
-def test_budget_line_drag_moves_slider_and_plans(qtbot, window, tiny_profile_path):
+def test_budget_line_drag_moves_slider_and_plans_for_the_exact_bytes(qtbot, window, tiny_profile_path):
     open_and_wait(qtbot, window, tiny_profile_path)
     session = window.session
-    target = (session.floor_bytes * 3 + session.baseline_bytes) // 4
+    target = (session.floor_bytes * 3 + session.baseline_bytes) // 4 + 12345  # between two slider steps
     window.timeline.budget_line.setValue(target / 2**30)  # what a drag does
-    tolerance = (session.baseline_bytes - session.floor_bytes) / 500  # one slider step
-    qtbot.waitUntil(lambda: abs(session.state.plan.budget_bytes - target) <= tolerance)
-    assert abs(window.budget.budget_bytes() - target) <= tolerance
+    exact = round(target / 2**30 * 2**30)
+    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == exact)
+    # no snapping to the slider's steps: the plan, the panel and the line keep the dragged budget
+    assert window.budget.budget_bytes() == exact
+    assert window.timeline.budget_line.value() == pytest.approx(target / 2**30, abs=1e-12)
+    assert window.budget.slider.value() == round((exact - session.floor_bytes) * 1000
+                                                 / (session.baseline_bytes - session.floor_bytes))
 
 
 def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
@@ -211,6 +216,51 @@ def test_selection_is_shared_by_timeline_graph_and_table(qtbot, window, tiny_pro
     row = window.table.selectionModel().selectedRows()[0]
     assert row.data() == act.id
     assert act.created_at in window.inspector.toPlainText()
+
+
+def test_table_selection_marks_the_lifetime_and_a_span_selects_what_is_alive(qtbot, window, tiny_profile_path):
+    from acstudio.views.tables import alive_in_span, recomputed_mask
+
+    open_and_wait(qtbot, window, tiny_profile_path)
+    slide_to_floor(qtbot, window)
+    session, profile = window.session, window.session.loaded.profile
+    plan = session.state.plan
+    entry = plan.schedule[0]
+    row = window.table_model.row_of(entry.activation)
+    window.table.selectRow(window.table_proxy.mapFromSource(window.table_model.index(row, 0)).row())
+    assert session.selected_activation == entry.activation
+    index, act = profile.node_index, profile.activation_by_id[entry.activation]
+    # created, last forward use, the recomputation, first backward use: each a line at its node's x
+    marks = dict(window.timeline.lifetime)
+    assert marks == {"made": index[act.created_at], "last forward use": index[act.last_fw_use],
+                     "recomputed": index[entry.recompute_before], "first backward use": index[act.first_bw_use],
+                     "last use": index[act.last_bw_use]}
+    # a span in the middle of the step: the table keeps only the activations alive there, the graph marks them
+    window.timeline.span_button.setChecked(True)
+    axis = window.timeline.axis
+    middle = (axis.edges[axis.start] + axis.edges[-1]) / 2
+    window.timeline.span.setRegion((middle - 0.001, middle + 0.001))
+    window.timeline._on_span_moved()
+    first, last = axis.nodes_between(middle - 0.001, middle + 0.001)
+    alive = alive_in_span(session.loaded.acts, recomputed_mask(profile, session.state.decisions), first, last)
+    assert alive.any() and (session.span_activations == alive).all()
+    assert window.table_proxy.rowCount() == int(alive.sum())
+    assert len(window.graph._span_nodes) == 2 * int(alive.sum())
+    window.timeline.span_button.setChecked(False)
+    assert window.table_proxy.rowCount() == window.table_model.rowCount()
+
+
+def test_status_speaks_to_users_and_pareto_draws_baselines_as_points(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    qtbot.waitUntil(lambda: "recompute-all" in window.budget.others, timeout=60_000)
+    status = window.status_label.text().lower()
+    assert "milp" not in status and "skipped" not in status
+    words = window.budget.status_label.text().replace("<", " <").replace(">", "> ").split()
+    assert not any(a == b for a, b in pairwise(words) if not a.startswith("<"))  # "budget budget"
+    # recompute-all is the point(s) it is, markers without a line; μ-TWO stays a curve
+    rows = window.budget.others["recompute-all"]
+    x, _y = rows.getData()
+    assert rows.opts["pen"] is None and 1 <= len(x) <= 2
 
 
 def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile_path, tmp_path):

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.jobs import JobRunner
+from acstudio.jobs import check
 from acstudio.views import graph_layout as gl
 from acstudio.views.tables import Decisions
 
@@ -55,6 +56,16 @@ def layout_job(tree: gl.ModuleTree, expanded: frozenset[str], regions: tuple[str
                progress, cancel):
     view = tree.view(expanded, regions)
     return expanded, regions, view, gl.cached_layout(view, tree.profile.fingerprint, expanded, cache_dir, regions)
+
+
+def prefetch_job(tree: gl.ModuleTree, states: list[frozenset[str]], regions: tuple[str, ...], cache_dir: str | None,
+                 progress, cancel) -> list:
+    """Lay out the states one click away (each shown module opened), so that a click draws at once."""
+    done = []
+    for expanded in states:
+        check(cancel)
+        done.append(layout_job(tree, expanded, regions, cache_dir, progress, cancel))
+    return done
 
 
 def _mix(a: QColor, b: QColor, t: float) -> QColor:
@@ -143,11 +154,14 @@ class GraphView(QWidget):
         collapse = QPushButton("Collapse all")
         collapse.clicked.connect(self.collapse_all)
         bar = QHBoxLayout()
+        bar.addWidget(QLabel("Show"))
         bar.addWidget(self.direction)
-        bar.addWidget(self.search, 1)
-        bar.addWidget(self.matches_label)
+        bar.addStretch(1)
         bar.addWidget(fit)
         bar.addWidget(collapse)
+        find = QHBoxLayout()
+        find.addWidget(self.search, 1)
+        find.addWidget(self.matches_label)
         legend = QLabel(
             f'<span style="color:{RETAINED.name()}">■</span> kept '
             f'<span style="color:{_mix(RETAINED, RECOMPUTED, 0.5).name()}">■</span> mixed '
@@ -159,11 +173,15 @@ class GraphView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(bar)
+        layout.addLayout(find)
         layout.addWidget(legend)
         layout.addWidget(self.canvas, 1)
         self.runner = JobRunner("layout", self)
         self.runner.resultReady.connect(self._on_layout)
         self.runner.failed.connect(lambda msg, _details: self._set_notice(f"Graph layout failed: {msg}"))
+        # graphviz takes a few hundred ms per layout: the states one click away are laid out ahead, quietly
+        self.prefetcher = JobRunner("layout prefetch", self)
+        self.prefetcher.resultReady.connect(self._on_prefetched)
         self.tree: gl.ModuleTree | None = None
         self.expanded: frozenset[str] = frozenset()
         self.view: gl.View | None = None
@@ -192,6 +210,7 @@ class GraphView(QWidget):
 
     # -- profile and layout ----------------------------------------------------------------------------------
     def set_tree(self, tree: gl.ModuleTree) -> None:
+        self.prefetcher.cancel()
         self.tree = tree
         self._selected = ""
         self._matches = []
@@ -224,6 +243,23 @@ class GraphView(QWidget):
         if regions == self.regions:
             self._show(expanded, regions, view, layout)
 
+    def _on_prefetched(self, results: list) -> None:
+        for expanded, regions, view, layout in results:
+            self._layouts.setdefault((expanded, regions), (view, layout))
+        while len(self._layouts) > CACHE_LAYOUTS:
+            self._layouts.pop(next(iter(self._layouts)))
+
+    def _prefetch(self) -> None:
+        """After a dot layout, lay out ahead what opening each shown module would show."""
+        if self.layout is None or self.layout.engine != "dot":
+            return
+        regions = self.regions
+        groups = sorted((it for it in self.view.items if it.is_group), key=lambda it: -len(it.nodes))  # likeliest
+        ahead = [self.expanded | {it.key} for it in groups]
+        ahead = [e for e in ahead if (e, regions) not in self._layouts][:CACHE_LAYOUTS // 2]
+        if ahead:
+            self.prefetcher.submit(partial(prefetch_job, self.tree, ahead, regions, self.cache_dir))
+
     def _show(self, expanded: frozenset[str], regions: tuple[str, ...], view: gl.View, layout: gl.Layout) -> None:
         self.expanded, self.view, self.layout = expanded, view, layout
         self._draw()
@@ -250,6 +286,7 @@ class GraphView(QWidget):
         if self._focus_after_layout:
             self._center_on_node(self._focus_after_layout)
             self._focus_after_layout = ""
+        self._prefetch()
 
     def _set_notice(self, text: str) -> None:
         if text != self.notice:
@@ -476,4 +513,5 @@ class GraphView(QWidget):
             self.select_node(node_id)
 
     def shutdown(self) -> None:
+        self.prefetcher.shutdown()
         self.runner.shutdown()

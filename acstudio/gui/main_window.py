@@ -78,7 +78,8 @@ class MainWindow(QMainWindow):
         self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
         self.setWindowTitle("AC Studio")
         self.setAcceptDrops(True)
-        self.resize(1500, 950)
+        screen = self.screen().availableGeometry()
+        self.resize(min(1600, screen.width()), min(1000, screen.height()))
         self.settings = settings if settings is not None else QSettings("AC Studio", "acstudio")
         self.messages = messages or Messages(self)
         self.session = Session(self)
@@ -554,7 +555,8 @@ class MainWindow(QMainWindow):
             return
         self.progress.setRange(0, max(total, 1))
         self.progress.setValue(min(done, max(total, 1)))
-        self.show_status(f"{name}: {message}")
+        # opening a file is one step to the user; the planner's inner steps stay behind the progress bar
+        self.show_status(f"Opening {Path(self._opening).name}…" if name == "load" else f"{name}: {message}")
 
     def _update_busy(self, _busy: bool = False) -> None:
         """Progress bar and Cancel for the jobs the user started; the background look-ups stay quiet."""
