@@ -14,7 +14,7 @@ Opens PROFILE (default: the bundled ResNet-152 sample) in a 1600x1000 window and
   until it is drawn;
 * ``lifetime``: the marks the timeline shows after the biggest activation is selected in the table.
 
-``--screenshot`` saves the window (after the expansion is closed again) as a PNG.
+``--screenshot`` saves the window (back at the launch view, the activation still selected) as a PNG.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def measure(profile: Path, wait_s: float, screenshot: str | None) -> dict:
         window.table.selectRow(window.table_proxy.mapFromSource(table.index(row, 0)).row())
         app.processEvents()
         lifetime = [what for what, _i in window.timeline.lifetime]
-        graph.collapse_all()
+        graph.set_expanded(graph.tree.default_expansion())  # back to what the window opened on
         wait(app, lambda: not graph.runner.busy)
         graph.fit_readable()
         app.processEvents()

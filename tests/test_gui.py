@@ -122,9 +122,38 @@ def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
     state = window.session.state
     assert window.session.floor_bytes < state.plan.budget_bytes < window.session.baseline_bytes
     assert state.plan.feasible and state.plan.predicted_peak_bytes <= state.plan.budget_bytes
-    # ~7k nodes collapse into a navigable number of boxes
-    assert 10 <= len(window.graph.view.items) <= 80
+    # ~7k nodes collapse into a navigable number of boxes: the top-level modules, all readable in the viewport
+    graph = window.graph
+    assert 10 <= len(graph.view.items) <= 80
     assert window.windowTitle().startswith("AC Studio – resnet152 bs64")
+    window.resize(1600, 1000)
+    graph.fit_readable()
+    assert {"forward/layer1", "forward/layer3", "forward/fc"} <= set(graph.readable_boxes())
+    # search names a module: it is selected and centred (as far as the scroll range goes)
+    graph.search.setText("layer3")
+    graph.search.returnPressed.emit()
+    box = graph._boxes[graph._item_index("forward/layer3")]
+    viewport = graph.canvas.viewport().rect()
+    assert graph._selected == "forward/layer3"
+    assert viewport.contains(graph.canvas.mapFromScene(box.rect()).boundingRect())
+    assert box.pen().width() == 3
+    # a click opens it in place: its 36 blocks inside its frame, which sits where the box was
+    graph.canvas.clicked.emit("g:forward/layer3")
+    qtbot.waitUntil(lambda: "forward/layer3" in graph.expanded and not graph.runner.busy)
+    assert sum(it.key.startswith("forward/layer3/") for it in graph.view.items) == 36
+    frame = graph._frames["forward/layer3"].rect()
+    assert viewport.contains(graph.canvas.mapFromScene(frame.topLeft()))
+    # Fit shows everything there is, and nothing else
+    graph.fit()
+    shown = graph.canvas.mapToScene(viewport).boundingRect()
+    assert shown.contains(graph.scene.itemsBoundingRect().adjusted(1, 1, -1, -1))
+    scene = graph.scene.sceneRect()
+    assert shown.width() < scene.width() * 1.05 or shown.height() < scene.height() * 1.05
+    # the backward pass mirrors it, coloured by the activations its modules use
+    graph.direction.setCurrentText("backward")
+    qtbot.waitUntil(lambda: graph.regions == ("loss", "backward", "optimizer") and not graph.runner.busy
+                    and graph.view.items[0].region in graph.regions)
+    assert "backward/layer3" in {it.key for it in graph.view.items}
 
 
 def test_main_parses_arguments_and_renders_a_screenshot(qtbot, tmp_path, tiny_profile_path):
@@ -391,12 +420,12 @@ def test_profiling_can_be_cancelled_without_losing_the_open_profile(qtbot, windo
 def test_closing_while_profiling_cancels_and_joins_the_worker(qtbot, window, factory_ref):
     runner = window.runners["profile"]
     window.start_profile(WorkloadSpec(factory_ref, batch_size=8).to_dict(), "cpu")
-    qtbot.waitUntil(lambda: bool(child_processes("acstudio.gui.child")), timeout=10_000)
+    qtbot.waitUntil(lambda: bool(child_processes("acstudio.views.child")), timeout=10_000)
     t0 = time.monotonic()
     window.close()
     assert time.monotonic() - t0 < 15
     assert runner._thread.isFinished()
-    assert not child_processes("acstudio.gui.child")
+    assert not child_processes("acstudio.views.child")
 
 
 def child_processes(text: str) -> list[int]:

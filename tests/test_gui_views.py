@@ -191,3 +191,11 @@ def test_import_contracts_keep_qt_out_of_the_engine():
     done = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "broken" not in done.stdout.split("Contracts")[-1].lower().replace("0 broken", "")
+
+
+def test_search_finds_modules_by_name_forward_first(resnet, bert):
+    tree = gl.ModuleTree(resnet)
+    assert tree.find_modules("layer3") == ["forward/layer3", "backward/layer3"]
+    assert tree.find_modules("Layer3.0")[0] == "forward/layer3/0"
+    assert tree.find_modules("no such module") == []
+    assert gl.ModuleTree(bert).find_modules("encoder.layer.11")[0] == "forward/bert/encoder/layer/11"

@@ -54,8 +54,7 @@ CACHE_LAYOUTS = 32
 
 def layout_job(tree: gl.ModuleTree, expanded: frozenset[str], regions: tuple[str, ...], cache_dir: str | None,
                progress, cancel):
-    view = tree.view(expanded, regions)
-    return expanded, regions, view, gl.cached_layout(view, tree.profile.fingerprint, expanded, cache_dir, regions)
+    return gl.laid_out(tree, expanded, regions, cache_dir)
 
 
 def prefetch_job(tree: gl.ModuleTree, states: list[frozenset[str]], regions: tuple[str, ...], cache_dir: str | None,
@@ -141,6 +140,7 @@ class GraphView(QWidget):
         self.canvas.clicked.connect(self._on_clicked)
         self.direction = QComboBox()
         self.direction.addItems(list(gl.SHOWN_REGIONS))
+        self.direction.setCurrentText(gl.DEFAULT_PASS)
         self.direction.setToolTip("Which pass the graph shows: forward (with the loss), backward (with the "
                                   "optimizer update) or the whole iteration")
         self.direction.currentTextChanged.connect(lambda _text: self.set_expanded(self.expanded))
@@ -193,13 +193,15 @@ class GraphView(QWidget):
         self._decisions: Decisions | None = None
         self._selected = ""
         self._span_nodes = np.zeros(0, dtype=np.int64)
-        self._matches: list[int] = []
+        self._matches: list[int] = []  # nodes whose name, op or module contains the search text
+        self._module_matches: list[str] = []  # modules the search text names
+        self._index_of_group: dict[str, int] = {}
         self._match_pos = -1
         self._focus_after_layout = ""
         self._anchor: tuple[str, QPointF] | None = None  # keep this group where it was on screen
         self._launch_zoom = False
         self.notice = ""
-        session.loadedChanged.connect(lambda loaded: self.set_tree(loaded.tree))
+        session.loadedChanged.connect(lambda loaded: self.set_tree(loaded.tree, loaded.first_graph))
         session.planChanged.connect(lambda state: self.recolour(session.graph_decisions(state)))
         session.selectionChanged.connect(self.select_node)
         session.spanChanged.connect(self.show_span)
@@ -209,11 +211,14 @@ class GraphView(QWidget):
         return gl.SHOWN_REGIONS[self.direction.currentText()]
 
     # -- profile and layout ----------------------------------------------------------------------------------
-    def set_tree(self, tree: gl.ModuleTree) -> None:
+    def set_tree(self, tree: gl.ModuleTree, first: tuple | None = None) -> None:
+        """A new profile's graph; ``first`` (a :func:`~acstudio.views.graph_layout.laid_out` result made while
+        the profile loaded) is drawn at once when it shows what the view is set to show."""
         self.prefetcher.cancel()
         self.tree = tree
         self._selected = ""
         self._matches = []
+        self._module_matches = []
         self._span_nodes = np.zeros(0, dtype=np.int64)
         self._decisions = None
         self._layouts = {}
@@ -222,7 +227,10 @@ class GraphView(QWidget):
         self._frames = {}
         self.view = self.layout = None
         self._launch_zoom = True
-        self.set_expanded(tree.default_expansion())
+        if first is not None and first[1] == self.regions:
+            self._on_layout(first)
+        else:
+            self.set_expanded(tree.default_expansion())
 
     def set_expanded(self, expanded: frozenset[str]) -> None:
         """Show ``expanded``: at once if laid out before, else when the background layout arrives."""
@@ -284,7 +292,7 @@ class GraphView(QWidget):
             bar_v.setValue(bar_v.value() + round(here.y() - at.y()))
         self._anchor = None
         if self._focus_after_layout:
-            self._center_on_node(self._focus_after_layout)
+            self._center_on(self._focus_after_layout)
             self._focus_after_layout = ""
         self._prefetch()
 
@@ -334,6 +342,7 @@ class GraphView(QWidget):
             self.scene.addItem(box)
             self._boxes.append(box)
         self._pens = [_plain_pen(item) for item in self.view.items]
+        self._index_of_group = {item.key: k for k, item in enumerate(self.view.items) if item.is_group}
         rects = [QRectF(*b) for b in self.layout.boxes] + [QRectF(*r) for _k, _l, r in self.layout.clusters]
         shown = QRectF()
         for r in rects:
@@ -421,27 +430,41 @@ class GraphView(QWidget):
         """Highlight ``node_id``, expanding its groups (and switching pass) if it is hidden."""
         if self.tree is None or node_id not in self.tree.profile.node_index:
             return
-        self._selected = node_id
         i = self.tree.profile.node_index[node_id]
-        region = self.tree.profile.nodes[i].region
-        if region not in self.regions and region in gl.REGION_TITLES:
+        self._reveal(node_id, self.tree.profile.nodes[i].region, self.tree.ancestors(i))
+
+    def select_module(self, key: str) -> None:
+        """Highlight module ``key`` (a group key such as ``forward/layer3``), opening its parents if needed."""
+        path = tuple(key.split(gl.SEP))
+        self._reveal(key, path[0], [gl.key_of(path[:d]) for d in range(1, len(path))])
+
+    def _reveal(self, key: str, region: str, parents: list[str]) -> None:
+        """Select ``key`` (node id or group key) and centre it, after switching pass and opening ``parents``."""
+        self._selected = key
+        if region not in self.regions:  # switch to the pass that shows it (inputs are shown by none)
             name = next((k for k, v in gl.SHOWN_REGIONS.items() if region in v), "")
             if name:
                 self.direction.blockSignals(True)
                 self.direction.setCurrentText(name)
                 self.direction.blockSignals(False)
-        k = self.view.node_item[i] if self.view is not None else -1
-        if k < 0 or self.view.items[k].is_group:
-            self._focus_after_layout = node_id
-            self.set_expanded(self.expanded | set(self.tree.ancestors(i)))
+        k = self._item_index(key)
+        if k < 0 or (self.view.items[k].is_group and self.view.items[k].key != key):
+            self._focus_after_layout = key
+            self.set_expanded(self.expanded | set(parents))
             return
         self._outline()
-        self._center_on_node(node_id)
+        self._center_on(key)
 
-    def _center_on_node(self, node_id: str) -> None:
+    def _item_index(self, key: str) -> int:
+        """The box showing ``key`` (a node id: the box it is drawn in; a group key: its own box), or -1."""
         if self.view is None:
-            return
-        k = self.view.node_item[self.tree.profile.node_index[node_id]]
+            return -1
+        if key in self.tree.profile.node_index:
+            return int(self.view.node_item[self.tree.profile.node_index[key]])
+        return self._index_of_group.get(key, -1)
+
+    def _center_on(self, key: str) -> None:
+        k = self._item_index(key)
         if k >= 0:
             self.canvas.centerOn(self._boxes[k])
 
@@ -456,9 +479,7 @@ class GraphView(QWidget):
         items = self.view.node_item
         marked = {int(items[i]) for i in self._matches} - {-1}
         spanned = set(np.unique(items[self._span_nodes]).tolist()) - {-1} if len(self._span_nodes) else set()
-        selected = -1
-        if self._selected in self.tree.profile.node_index:
-            selected = int(items[self.tree.profile.node_index[self._selected]])
+        selected = self._item_index(self._selected) if self._selected else -1
         for i, box in enumerate(self._boxes):
             box.setZValue(3 if i == selected else 2 if i in marked else 1 if i in spanned else 0)
             if i == selected:
@@ -496,18 +517,24 @@ class GraphView(QWidget):
         self.set_expanded(frozenset(r for r in self.regions if r in ("forward", "backward")))
 
     def _on_search_changed(self, text: str) -> None:
+        self._module_matches = self.tree.find_modules(text) if self.tree is not None else []
         self._matches = self.tree.search(text) if self.tree is not None else []
         self._match_pos = -1
-        self.matches_label.setText(f"{len(self._matches)} matches" if text.strip() else "")
+        count = len(self._module_matches) + len(self._matches)
+        self.matches_label.setText(f"{count} matches" if text.strip() else "")
         self._outline()
 
     def next_match(self) -> None:
-        """Go to the next search match (expanding its groups), select it and centre it."""
-        if not self._matches:
+        """Go to the next search match, modules named so first, then ops: open what hides it, select and centre it."""
+        targets = len(self._module_matches) + len(self._matches)
+        if not targets:
             return
-        self._match_pos = (self._match_pos + 1) % len(self._matches)
-        node_id = self.tree.profile.nodes[self._matches[self._match_pos]].id
-        self.matches_label.setText(f"{self._match_pos + 1}/{len(self._matches)}")
+        self._match_pos = (self._match_pos + 1) % targets
+        self.matches_label.setText(f"{self._match_pos + 1}/{targets}")
+        if self._match_pos < len(self._module_matches):
+            self.select_module(self._module_matches[self._match_pos])
+            return
+        node_id = self.tree.profile.nodes[self._matches[self._match_pos - len(self._module_matches)]].id
         self.session.select(node_id)
         if self.session.selected == node_id:  # already selected: the session does not repeat itself
             self.select_node(node_id)

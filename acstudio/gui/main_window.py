@@ -35,7 +35,6 @@ from PySide6.QtWidgets import (
 
 from acstudio.bench.results import BenchResults
 from acstudio.gui.budget_panel import BudgetPanel
-from acstudio.gui.child import probe_environment, profile_in_child, sweep_in_child
 from acstudio.gui.dialogs import BenchDialog, Messages, NewProfileDialog, TableDialog
 from acstudio.gui.graph_view import GraphView
 from acstudio.gui.jobs import JobRunner
@@ -47,6 +46,7 @@ from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.plan.mutwo import SOLVERS
 from acstudio.profile.model import Profile
+from acstudio.views.child import probe_environment, profile_in_child, sweep_in_child
 
 MAX_RECENT = 8
 MAX_COLUMN_PX = 280

@@ -28,7 +28,7 @@ from acstudio.plan.mutwo import Trajectory, mutwo_trajectory, plan
 from acstudio.profile.model import Profile
 from acstudio.simulate.shared import simulate_execution
 from acstudio.simulate.simulator import SimResult, Simulator
-from acstudio.views.graph_layout import ModuleTree
+from acstudio.views.graph_layout import DEFAULT_PASS, SHOWN_REGIONS, ModuleTree, laid_out
 from acstudio.views.tables import (
     ActivationIndex,
     Decisions,
@@ -56,6 +56,7 @@ class Loaded:
     template: Plan  # the trajectory's step-0 plan: which activations are candidates and why the others are not
     table: pd.DataFrame  # activation table, static columns (plan columns are filled per plan)
     acts: ActivationIndex  # node positions of each activation (table row)
+    first_graph: tuple  # the graph's launch view, laid out (see acstudio.views.graph_layout.laid_out)
 
 
 @dataclass
@@ -82,10 +83,12 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     report(progress, 2, 3, "grouping the graph")
     template = trajectory.plan_for_budget(simulator.baseline_peak)
     tree = ModuleTree(profile)
+    # the graph's first picture is made here, off the GUI thread, so it is drawn the moment the file opens
+    first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS])
     report(progress, 3, 3, "ready")
     return Loaded(path=path, profile=profile, simulator=simulator, trajectory=trajectory, tree=tree,
                   baseline=baseline, template=template, table=activation_table(profile),
-                  acts=ActivationIndex.of(profile))
+                  acts=ActivationIndex.of(profile), first_graph=first_graph)
 
 
 def open_document(path: str, current: Loaded | None, progress: ProgressFn | None = None,

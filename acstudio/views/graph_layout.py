@@ -33,6 +33,7 @@ LAYOUT_VERSION = 4  # bump when the geometry below changes, so stale disk caches
 # What each direction of the graph shows: forward with the loss it ends in, backward with the update it feeds.
 SHOWN_REGIONS = {"forward": ("forward", "loss"), "backward": ("loss", "backward", "optimizer"),
                  "whole iteration": ("forward", "loss", "backward", "optimizer")}
+DEFAULT_PASS = "forward"  # what the graph opens on
 REGION_TITLES = {"input": "inputs", "forward": "forward", "loss": "loss", "backward": "backward",
                  "optimizer": "optimizer", "output": "output"}
 SLOT_TITLES = {"param": "parameters", "buffer": "buffers", "opt_state": "optimizer state", "batch": "batch"}
@@ -228,6 +229,21 @@ class ModuleTree:
         depth = len(path) + 1
         return {self.paths[m][:depth] if len(self.paths[m]) >= depth else (*path, str(m)) for m in self.members[path]}
 
+    def find_modules(self, text: str) -> list[str]:
+        """Keys of the modules ``text`` names, by their name or the tail of their dotted path (``layer3``,
+        ``layer3.0``, ``encoder.layer.11``; case-insensitive): forward ones first, outer before inner."""
+        t = text.strip().lower()
+        if not t:
+            return []
+
+        def named(p: tuple[str, ...]) -> bool:
+            dotted = module_name(p).lower()
+            return t in (group_label(p).lower(), dotted) or dotted.endswith("." + t)
+
+        found = [p for p, members in self.members.items() if len(p) > 1 and p[0] in ("forward", "backward")
+                 and len(members) > 1 and named(p)]
+        return [key_of(p) for p in sorted(found, key=lambda p: (p[0] != "forward", len(p), self.members[p][0]))]
+
     def search(self, text: str) -> list[int]:
         """Node indices whose id, name, op or module contains ``text`` (case-insensitive), in graph order."""
         t = text.strip().lower()
@@ -235,6 +251,11 @@ class ModuleTree:
             return []
         return [i for i, n in enumerate(self.profile.nodes)
                 if t in n.id.lower() or t in n.name.lower() or t in n.target.lower() or t in n.module.lower()]
+
+
+def module_name(path: tuple[str, ...]) -> str:
+    """The dotted module path of a group (``forward/layer3/0`` -> ``layer3.0``)."""
+    return ".".join(p for p in path[1:] if p != OWN_OPS)
 
 
 def key_of(path: tuple[str, ...]) -> str:
@@ -247,6 +268,8 @@ def group_label(path: tuple[str, ...]) -> str:
         return REGION_TITLES.get(path[0], path[0])
     if path[-1].isdigit() and len(path) > 2:
         return f"{path[-2]}.{path[-1]}"
+    if path[-1] == OWN_OPS:  # the ops a module runs itself, next to its sub-modules
+        return f"{group_label(path[:-1])} ops"
     return path[-1]
 
 
@@ -528,3 +551,10 @@ def cached_layout(view: View, fingerprint: str, expanded: frozenset[str], cache_
     if path is not None and layout.engine == "dot":
         write_text(path, json.dumps(asdict(layout), separators=(",", ":")))
     return layout
+
+
+def laid_out(tree: ModuleTree, expanded: frozenset[str], regions: tuple[str, ...],
+             cache_dir: str | os.PathLike | None = None) -> tuple[frozenset[str], tuple[str, ...], View, Layout]:
+    """One expansion state of one pass, grouped and laid out: what the graph view draws."""
+    view = tree.view(expanded, regions)
+    return expanded, regions, view, cached_layout(view, tree.profile.fingerprint, expanded, cache_dir, regions)
