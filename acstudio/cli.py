@@ -92,8 +92,9 @@ def cmd_plan(args) -> int:
     import pandas as pd
 
     from acstudio.plan.budget import format_bytes, parse_budget
-    from acstudio.plan.mutwo import plan, sweep
+    from acstudio.plan.solvers import plan, sweep
     from acstudio.profile.model import Profile
+    from acstudio.simulate.modes import get_mode
     from acstudio.simulate.simulator import Simulator
 
     profile = Profile.load(args.profile)
@@ -126,7 +127,7 @@ def cmd_plan(args) -> int:
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
-          f"{'shared-chain replays' if result.share_chains else 'each replayed from kept tensors'})")
+          f"{get_mode(result.replay_mode).summary})")
     print(f"stopped: {result.stop_reason}")
     if args.out:
         result.save(args.out)
@@ -221,12 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="DIR", help="also write nodes.csv and activations.csv into DIR")
     p.set_defaults(func=cmd_profile)
 
-    from acstudio.plan.mutwo import SOLVERS
+    from acstudio.plan.solvers import SOLVERS
 
     p = sub.add_parser("plan", help="choose activations to recompute under a memory budget")
     p.add_argument("profile", help="profile file from `acstudio profile`")
     p.add_argument("--budget", help="bytes with a unit (6GiB, 5000MiB) or a percentage of the baseline peak (60%%)")
-    p.add_argument("--solver", default="mutwo", choices=SOLVERS)
+    p.add_argument("--solver", default="auto", choices=list(SOLVERS),
+                   help="default auto: the fastest plan of every solver that fits")
     p.add_argument("--sweep", action="store_true", help="print the memory/time Pareto table of every solver")
     p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             result = verify(profile, plan, args.device)
             measured = result.measured_peak_bytes
             row = {"profile": Path(path).name, "budget": budget, "budget_mib": nbytes / MiB,
-                   "share_chains": plan.share_chains, "recomputed": result.recomputed,
+                   "replay_mode": plan.replay_mode, "recomputed": result.recomputed,
                    "predicted_extra_ms": plan.predicted_extra_ms, "passed": result.passed, "exact": result.exact,
                    "predicted_peak_mib": plan.predicted_peak_bytes / MiB,
                    "accounted_peak_mib": result.accounted_peak_bytes / MiB,

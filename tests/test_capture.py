@@ -50,10 +50,12 @@ def test_captured_step_matches_eager(model, optimizer):
     opt = w.make_optimizer()
     step = capture_step(w.model, opt, w.batch, w.loss_fn)
 
-    ref_model, ref_opt = clone_training_state(w.model, opt, optimizer)
     # Two iterations: the second reads the state the first one wrote. torch.optim's compiled-mode formulas
-    # round differently from its eager ones (~1e-7), which tiny-batch BatchNorm amplifies in iteration two.
-    for tol in (1e-5, 1e-3):
+    # round differently from its eager ones (~1e-7), which tiny-batch BatchNorm amplifies into percents within
+    # one more step, so the eager reference restarts from the captured step's state each iteration.
+    tol = 1e-5
+    for _ in range(2):
+        ref_model, ref_opt = clone_training_state(w.model, opt, optimizer)
         torch.manual_seed(7)
         loss = step.run(w.model, opt, w.batch)
         torch.manual_seed(7)

@@ -228,7 +228,7 @@ def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
     window.budget.solver.setCurrentText("per-module")
     qtbot.waitUntil(lambda: window.session.state.plan.solver == "per-module" and window.session.state.complete)
     state = window.session.state
-    assert state.plan.share_chains
+    assert state.plan.replay_mode == "shared"
     assert state.sim.peak_bytes == state.plan.predicted_peak_bytes
 
 
@@ -248,7 +248,7 @@ def test_selection_is_shared_by_timeline_graph_and_table(qtbot, window, tiny_pro
 
 
 def test_table_selection_marks_the_lifetime_and_a_span_selects_what_is_alive(qtbot, window, tiny_profile_path):
-    from acstudio.views.tables import alive_in_span, recomputed_mask
+    from acstudio.views.tables import alive_in_span, back_in_memory_at
 
     open_and_wait(qtbot, window, tiny_profile_path)
     slide_to_floor(qtbot, window)
@@ -271,7 +271,7 @@ def test_table_selection_marks_the_lifetime_and_a_span_selects_what_is_alive(qtb
     window.timeline.span.setRegion((middle - 0.001, middle + 0.001))
     window.timeline._on_span_moved()
     first, last = axis.nodes_between(middle - 0.001, middle + 0.001)
-    alive = alive_in_span(session.loaded.acts, recomputed_mask(profile, session.state.decisions), first, last)
+    alive = alive_in_span(session.loaded.acts, back_in_memory_at(profile, session.loaded.acts, plan), first, last)
     assert alive.any() and (session.span_activations == alive).all()
     assert window.table_proxy.rowCount() == int(alive.sum())
     assert len(window.graph._span_nodes) == 2 * int(alive.sum())
@@ -697,8 +697,8 @@ def test_slider_answer_is_replaced_by_a_faster_shared_chain_plan(qtbot, window):
     open_and_wait(qtbot, window, str(sample))
     window.set_budget(4811 * 2**20)
     quick = window.session.state.plan
-    assert not quick.share_chains  # the instant answer is read off the trajectory
-    qtbot.waitUntil(lambda: window.session.state.plan.share_chains and window.session.state.complete,
+    assert quick.replay_mode == "again"  # the instant answer is read off the trajectory
+    qtbot.waitUntil(lambda: window.session.state.plan.replay_mode == "shared" and window.session.state.complete,
                     timeout=30_000)
     state = window.session.state
     assert state.plan.predicted_extra_ms < quick.predicted_extra_ms

@@ -152,15 +152,16 @@ def test_timeline_axis_skips_the_input_placeholders(resnet, mode):
 def test_alive_in_span_follows_the_plan():
     acts = ActivationIndex(created=np.array([10, 10]), last_fw=np.array([12, 12]), first_bw=np.array([50, 50]),
                            last_bw=np.array([55, 55]), bytes=np.array([1, 1]))
-    recomputed = np.array([False, True])
-    assert alive_in_span(acts, recomputed, 30, 40).tolist() == [True, False]  # the recomputed one is freed there
-    assert alive_in_span(acts, recomputed, 11, 11).tolist() == [True, True]
-    assert alive_in_span(acts, recomputed, 52, 60).tolist() == [True, True]
-    assert alive_in_span(acts, recomputed, 0, 9).tolist() == [False, False]
+    back = np.array([-1, 48])  # kept; recomputed before node 48 (a shared replay, ahead of its first use)
+    assert alive_in_span(acts, back, 30, 40).tolist() == [True, False]  # the recomputed one is freed there
+    assert alive_in_span(acts, back, 11, 11).tolist() == [True, True]
+    assert alive_in_span(acts, back, 48, 49).tolist() == [True, True]
+    assert alive_in_span(acts, back, 52, 60).tolist() == [True, True]
+    assert alive_in_span(acts, back, 0, 9).tolist() == [False, False]
 
 
 def test_lifetime_marks_name_every_moment_and_the_recomputation(resnet):
-    from acstudio.plan.mutwo import plan as make_plan
+    from acstudio.plan.solvers import plan as make_plan
 
     planned = make_plan(resnet, int(resnet.peak_bytes * 0.6), "mutwo")
     entry = planned.schedule[0]

@@ -89,12 +89,12 @@ def backward_reads(gm, sids, holders, replays=True):
 
 # Recomputing every candidate without shared chains replays long chains again and again (quadratic), which is
 # slow on a CPU; that case is checked with shared chains here and without them in test_shared_chains_replay_once.
-@pytest.mark.parametrize(("fraction", "share_chains"), [(0.25, False), (0.5, False), (1, True)])
-def test_rewritten_step_is_bitwise_identical_and_frees_earlier(workload, fraction, share_chains):
+@pytest.mark.parametrize(("fraction", "mode"), [(0.25, "again"), (0.5, "again"), (1, "shared")])
+def test_rewritten_step_is_bitwise_identical_and_frees_earlier(workload, fraction, mode):
     spec, w, opt, step, profile = workload
     before = step.gm.code
     chosen = pick(profile, fraction)
-    new = rewrite_step(step, profile, chosen, share_chains=share_chains)
+    new = rewrite_step(step, profile, chosen, replay_mode=mode)
     assert step.gm.code == before, "the captured step must not be modified"
 
     expected = run_from(step, w.model, opt, spec.optimizer, w.batch)
@@ -155,7 +155,7 @@ def test_shared_chains_replay_once():
     spec, w, opt, step, profile = captured("gpt2")
     chosen = candidates(profile)
     separate = rewrite_step(step, profile, chosen)
-    shared = rewrite_step(step, profile, chosen, share_chains=True)
+    shared = rewrite_step(step, profile, chosen, replay_mode="shared")
     count = lambda s: sum(1 for n in s.gm.graph.nodes if n.meta.get("ac_role") == "recompute")  # noqa: E731
     assert count(shared) < count(separate)
     merged = [r for r in shared.recomputations if r.replayed_by != r.activation]

@@ -14,7 +14,7 @@ from acstudio.capture import capture_step
 from acstudio.plan import Plan, mutwo_trajectory, plan
 from acstudio.rewrite import rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
-from acstudio.simulate.shared import simulate_shared
+from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
 
@@ -42,8 +42,8 @@ def test_evaluator_equals_rewritten_graph_accounting():
         rnd = random.Random(model)
         peaks = set()
         for chosen in [cands] + [rnd.sample(cands, rnd.randint(1, len(cands))) for _ in range(4)]:
-            predicted = simulate_shared(sim, chosen)
-            new = rewrite_step(step, profile, chosen, share_chains=True)
+            predicted = simulate_plan(sim, chosen, "shared")
+            new = rewrite_step(step, profile, chosen, replay_mode="shared")
             assert max(live_bytes(new.gm, profile)) == predicted.peak_bytes, model
             assert predicted.extra_ms == pytest.approx(new.replay_ms), model
             assert predicted.extra_ms == pytest.approx(sum(predicted.recompute_ms.values()))
@@ -58,7 +58,7 @@ def test_shared_plan_steps_are_bitwise_identical(model):
     sim = Simulator(profile)
     chosen = [sim.replay.act_ids[k] for k in sim.replay.candidates]
     shared = Plan(**{**plan(profile, profile.peak_bytes, "recompute-all").to_dict(), "schedule": [],
-                     "share_chains": True})
+                     "replay_mode": "shared"})
     new = rewrite(step, profile, shared)
     assert sorted(r.activation for r in new.recomputations) == sorted(chosen)
     assert any(r.replayed_by != r.activation for r in new.recomputations), "chains are shared"
@@ -75,30 +75,36 @@ def test_planner_picks_the_cheaper_mode_and_it_fits():
         for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
             budget = int(floor + frac * (profile.peak_bytes - floor))
             again = traj.plan_for_budget(budget)
-            best = plan(profile, budget)
+            best = plan(profile, budget, "mutwo")
             assert best.to_dict() == traj.best_plan_for_budget(budget).to_dict()
-            modes.add(best.share_chains)
+            modes.add(best.replay_mode)
             if again.feasible:
                 assert best.feasible and best.predicted_peak_bytes <= budget
                 assert best.predicted_extra_ms <= again.predicted_extra_ms
-            if best.share_chains:
+            if best.replay_mode == "shared":
                 new = rewrite(step, profile, best)
                 assert max(live_bytes(new.gm, profile)) == best.predicted_peak_bytes
                 assert new.replay_ms == pytest.approx(best.predicted_extra_ms)
         if model != "resnet18":  # its synthetic timings cost the same in both modes; ties keep μ-TWO's own
-            assert True in modes, f"{model}: shared chains never chosen"
+            assert "shared" in modes, f"{model}: shared chains never chosen"
 
 
-def test_share_chains_is_saved_and_old_files_load(tmp_path):
+def test_replay_mode_is_saved_and_old_files_load(tmp_path):
     _, _, _, _, profile = captured("bert")
     p = plan(profile, int(profile.peak_bytes * 0.8))
-    p.share_chains = True
+    p.replay_mode = "shared"
     p.save(tmp_path / "p.json")
-    assert Plan.load(tmp_path / "p.json", profile).share_chains
+    assert Plan.load(tmp_path / "p.json", profile).replay_mode == "shared"
     doc = json.loads((tmp_path / "p.json").read_text())
-    del doc["share_chains"]
-    (tmp_path / "old.json").write_text(json.dumps(doc))
-    assert Plan.load(tmp_path / "old.json", profile).share_chains is False
+    for legacy, mode in ((True, "shared"), (False, "again")):
+        del doc["replay_mode"]
+        doc["share_chains"] = legacy  # files from before replay modes had names
+        (tmp_path / "old.json").write_text(json.dumps(doc))
+        assert Plan.load(tmp_path / "old.json", profile).replay_mode == mode
+        doc["replay_mode"] = mode
+    del doc["replay_mode"], doc["share_chains"]
+    (tmp_path / "older.json").write_text(json.dumps(doc))
+    assert Plan.load(tmp_path / "older.json", profile).replay_mode == "again"
 
 
 def test_fast_on_the_resnet152_sample():
@@ -107,7 +113,7 @@ def test_fast_on_the_resnet152_sample():
     profile = Profile.load("sample_profiles/h200_resnet152_bs64_adam.json.gz")
     sim = Simulator(profile)
     chosen = [sim.replay.act_ids[k] for k in sim.replay.candidates]
-    simulate_shared(sim, chosen)
+    simulate_plan(sim, chosen, "shared")
     start = time.process_time()
-    simulate_shared(sim, chosen)
+    simulate_plan(sim, chosen, "shared")
     assert time.process_time() - start < 0.15  # about 50 ms on an unloaded core

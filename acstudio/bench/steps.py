@@ -108,12 +108,12 @@ def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profil
     from acstudio.capture.serialize import deserialize_step
     from acstudio.capture.tracer import prepare_optimizer
     from acstudio.plan.budget import parse_budget
-    from acstudio.plan.mutwo import mutwo_trajectory
+    from acstudio.plan.solvers import plan as plan_budget
     from acstudio.rewrite.rewriter import rewrite
 
     profile = cached_profile(spec, dev, profile_path)
     budget_bytes = parse_budget(budget, profile.peak_bytes)
-    plan = mutwo_trajectory(profile).best_plan_for_budget(budget_bytes)
+    plan = plan_budget(profile, budget_bytes)
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
     # The optimizer as capture_step left it when the graph was traced: state created, CUDA Adam capturable.

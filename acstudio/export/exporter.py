@@ -47,12 +47,12 @@ class ExportError(ACStudioError):
 
 
 def export(profile: Profile, plan, out_dir: str | os.PathLike, progress: ProgressFn | None = None, *,
-           share_chains: bool = False) -> list[str]:
+           replay_mode: str | None = None) -> list[str]:
     """Write ``out_dir`` (replacing it as a whole) for ``plan`` applied to ``profile``; returns the files written."""
     recomputed = plan_activations(plan, profile)
     report(progress, 0, 4, "rewriting the step")
     step = deserialize_step(profile.graph)
-    rewritten = rewrite_step(step, profile, recomputed, share_chains=share_chains)
+    rewritten = rewrite_step(step, profile, recomputed, replay_mode=replay_mode)
     report(progress, 1, 4, "describing the workload")
     spec = WorkloadSpec.from_dict(profile.workload)
     manifest = build_manifest(profile, rewritten, spec, recomputed)

@@ -44,8 +44,9 @@ from acstudio.gui.session import Loaded, PlanState, Session, open_document, prep
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import SOLVERS
+from acstudio.plan.solvers import SOLVERS
 from acstudio.profile.model import Profile
+from acstudio.simulate.modes import get_mode
 from acstudio.views.child import probe_environment, profile_in_child, sweep_in_child
 
 MAX_RECENT = 8
@@ -94,7 +95,7 @@ class MainWindow(QMainWindow):
         self.timeline.budgetDragged.connect(self._on_line_dragged)
         self.liveMemory.connect(self.timeline.show_live)
 
-        self.budget = BudgetPanel(SOLVERS)
+        self.budget = BudgetPanel(tuple(SOLVERS))
         self.budget.budgetChanged.connect(self.set_budget)
         self.budget.budgetPreview.connect(self.timeline.set_budget)
         self.budget.solverChanged.connect(self._on_solver)
@@ -338,7 +339,7 @@ class MainWindow(QMainWindow):
         self.budget.set_curve(curve["extra_ms"].to_numpy(), curve["predicted_peak_bytes"].to_numpy())
         self.budget.clear_others()
         self.budget.setEnabled(True)
-        self.budget.solver.setCurrentText("mutwo")
+        self.budget.solver.setCurrentText("auto")
         self.inspector.setHtml(self._profile_html(loaded))
         self.set_budget(top if floor >= top else (floor + top) // 2)
         self.runners["sweep"].submit(partial(sweep_in_child, loaded.path))
@@ -386,7 +387,7 @@ class MainWindow(QMainWindow):
         loaded = self.session.loaded
         candidates = len(loaded.profile.activations) - len(loaded.template.excluded)
         plan = state.plan
-        how = f"{plan.stop_reason}; shared-chain replays" if plan.share_chains else plan.stop_reason
+        how = f"{plan.stop_reason}; {get_mode(plan.replay_mode).summary}"
         self.budget.show_prediction(plan.predicted_peak_bytes, plan.predicted_extra_ms, loaded.profile.iteration_ms,
                                     len(plan.recomputed), candidates, plan.feasible, how)
         self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)

@@ -24,9 +24,11 @@ from acstudio.errors import ACStudioError, ProfileFileError
 from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import Trajectory, mutwo_trajectory, plan
+from acstudio.plan.mutwo import Trajectory
+from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers import SOLVERS, trajectory
 from acstudio.profile.model import Profile
-from acstudio.simulate.shared import simulate_execution
+from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import SimResult, Simulator
 from acstudio.views.graph_layout import DEFAULT_PASS, SHOWN_REGIONS, ModuleTree, laid_out
 from acstudio.views.tables import (
@@ -34,13 +36,15 @@ from acstudio.views.tables import (
     Decisions,
     activation_table,
     alive_in_span,
+    back_in_memory_at,
     graph_decisions,
-    recomputed_mask,
     table_columns,
 )
 
 FASTER_PLAN_DELAY_MS = 300  # budget at rest this long before the shared-chain search runs
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
+# Solvers whose quick answer is read off μ-TWO's trajectory while the slider moves, refined when it rests.
+INSTANT = ("auto", "mutwo")
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Loaded:
     path: str
     profile: Profile
     simulator: Simulator
+    ctx: PlanContext  # caches what the solvers share for this profile
     trajectory: Trajectory
     tree: ModuleTree
     baseline: SimResult
@@ -79,14 +84,15 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     simulator = Simulator(profile)
     baseline = simulator.simulate([])
     check(cancel)
-    trajectory = mutwo_trajectory(profile, simulator, progress=progress, cancel=cancel)
+    ctx = PlanContext(profile, simulator)
+    traj = trajectory(ctx, progress=progress, cancel=cancel)
     report(progress, 2, 3, "grouping the graph")
-    template = trajectory.plan_for_budget(simulator.baseline_peak)
+    template = traj.plan_for_budget(simulator.baseline_peak)
     tree = ModuleTree(profile)
     # the graph's first picture is made here, off the GUI thread, so it is drawn the moment the file opens
     first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS])
     report(progress, 3, 3, "ready")
-    return Loaded(path=path, profile=profile, simulator=simulator, trajectory=trajectory, tree=tree,
+    return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, trajectory=traj, tree=tree,
                   baseline=baseline, template=template, table=activation_table(profile),
                   acts=ActivationIndex.of(profile), first_graph=first_graph)
 
@@ -123,24 +129,26 @@ def check_same_workload(results: BenchResults, profile: Profile) -> None:
                             f"than the open profile ({profile.workload['model']!r}); open its profile first")
 
 
-def simulate_plan(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
-    return plan, simulate_execution(loaded.simulator, plan.recomputed, plan.share_chains)
+def simulated(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
+    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
 
 
 def solver_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None) -> tuple[Plan, SimResult]:
-    result = plan(loaded.profile, budget, solver, loaded.simulator, cancel)
+    result = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
     check(cancel)
-    return result, simulate_execution(loaded.simulator, result.recomputed, result.share_chains)
+    return result, simulate_plan(loaded.simulator, result.recomputed, result.replay_mode)
 
 
-def faster_plan(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult] | None:
-    """μ-TWO's plan with shared-chain replays when that is predicted faster than the slider's quick answer
+def faster_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None
+                ) -> tuple[Plan, SimResult] | None:
+    """``solver``'s own plan when it is predicted faster than the slider's quick answer read off μ-TWO's trajectory
     (tens of simulations, ~0.1 s: too slow for every slider step, so it follows in the background)."""
-    best = loaded.trajectory.best_plan_for_budget(budget)
+    best = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
     check(cancel)
-    if not best.share_chains:
+    quick = loaded.trajectory.plan_for_budget(budget)
+    if best.recomputed == quick.recomputed and best.replay_mode == quick.replay_mode:
         return None
-    return best, simulate_execution(loaded.simulator, best.recomputed, True)
+    return best, simulate_plan(loaded.simulator, best.recomputed, best.replay_mode)
 
 
 class Session(QObject):
@@ -157,7 +165,7 @@ class Session(QObject):
         super().__init__(parent)
         self.loaded: Loaded | None = None
         self.state: PlanState | None = None
-        self.solver = "mutwo"
+        self.solver = "auto"
         self.selected = ""
         self.selected_activation = ""
         self.span_activations = np.zeros(0, dtype=bool)  # per activation: alive in the selected span
@@ -190,7 +198,7 @@ class Session(QObject):
 
     @property
     def floor_bytes(self) -> int:
-        return self.loaded.simulator.floor_bytes
+        return self.loaded.ctx.floor_bytes
 
     @property
     def baseline_bytes(self) -> int:
@@ -198,10 +206,11 @@ class Session(QObject):
 
     # -- plans -----------------------------------------------------------------------------------------------
     def set_budget(self, budget: int) -> PlanState | None:
-        """Plan for ``budget``: μ-TWO's is read off the trajectory at once (its timeline follows through a second
-        ``planChanged``); other solvers plan from scratch in the background and report only then."""
+        """Plan for ``budget``: for :data:`INSTANT` solvers μ-TWO's plan is read off the trajectory at once (its
+        timeline follows through a second ``planChanged``) and the solver's own plan replaces it when the budget
+        rests; other solvers plan from scratch in the background and report only then."""
         loaded = self.loaded
-        if self.solver != "mutwo":
+        if self.solver not in INSTANT:
             self._faster_timer.stop()
             self.faster_runner.cancel()
             self.plan_runner.submit(partial(solver_plan, loaded, budget, self.solver))
@@ -213,15 +222,16 @@ class Session(QObject):
 
     def _search_faster(self) -> None:
         if self.loaded is not None and self.state is not None and self.state.plan.solver == "mutwo":
-            self.faster_runner.submit(partial(faster_plan, self.loaded, self.state.plan.budget_bytes))
+            self.faster_runner.submit(partial(faster_plan, self.loaded, self.state.plan.budget_bytes, self.solver))
 
     def _on_faster(self, result: tuple[Plan, SimResult] | None) -> None:
-        """Replace the quick answer by the shared-chain plan if the user is still at that budget."""
+        """Replace the quick answer by the solver's own plan if the user is still at that budget."""
         current = self.state.plan if self.state is not None else None
         if result is None or current is None or current.solver != "mutwo":
             return
         plan, sim = result
-        if plan.budget_bytes != current.budget_bytes or plan.predicted_extra_ms >= current.predicted_extra_ms:
+        if plan.budget_bytes != current.budget_bytes or (plan.feasible, -plan.predicted_extra_ms) <= (
+                current.feasible, -current.predicted_extra_ms):
             return
         self._cache[self._key(plan)] = sim
         self.show(plan)
@@ -237,12 +247,12 @@ class Session(QObject):
             self._cache.move_to_end(key)
             self.plan_runner.cancel()
         else:
-            self.plan_runner.submit(partial(simulate_plan, self.loaded, plan))
+            self.plan_runner.submit(partial(simulated, self.loaded, plan))
         self.planChanged.emit(self.state)
 
     @staticmethod
     def _key(plan: Plan) -> tuple[str, tuple[str, ...], bool]:
-        return plan.solver, tuple(plan.recomputed), plan.share_chains
+        return plan.solver, tuple(plan.recomputed), plan.replay_mode
 
     def _on_simulated(self, result: tuple[Plan, SimResult]) -> None:
         plan, sim = result
@@ -277,8 +287,8 @@ class Session(QObject):
         if last < first:
             self.span_activations = np.zeros(len(acts.bytes), dtype=bool)
         else:
-            self.span_activations = alive_in_span(acts, recomputed_mask(self.loaded.profile, self.state.decisions),
-                                                  first, last)
+            back = back_in_memory_at(self.loaded.profile, acts, self.state.plan)
+            self.span_activations = alive_in_span(acts, back, first, last)
         alive = self.span_activations
         self.spanChanged.emit(np.concatenate([acts.created[alive], acts.first_bw[alive]]))
 

@@ -97,6 +97,14 @@ def recompute_all(ctx: PlanContext) -> list[int]:
     return list(ctx.rg.candidates)
 
 
-# Baselines whose real counterparts checkpoint segments: each segment is replayed once, i.e. shared chains.
-SEGMENTED = ("per-module", "sqrt-n")
 FIXED = {"keep-all": keep_all, "recompute-all": recompute_all, "per-module": per_module, "sqrt-n": sqrt_n}
+SUMMARIES = {
+    "keep-all": "no activation checkpointing",
+    "recompute-all": "every candidate recomputed (the floor)",
+    "per-module": "torch.utils.checkpoint around every repeated block (HF gradient checkpointing)",
+    "sqrt-n": "Chen et al.'s √n segments",
+}
+# The replay modes each baseline's real counterpart runs in: checkpointed segments are replayed once each
+# (shared chains); recompute-all has no counterpart, so it is priced in both and the faster one counts.
+REAL_MODES = {"keep-all": ("again",), "recompute-all": ("again", "shared"), "per-module": ("shared",),
+              "sqrt-n": ("shared",)}

@@ -4,9 +4,11 @@ A plan is tied to one captured graph by ``profile_fingerprint``; loading it agai
 :class:`~acstudio.errors.PlanMismatchError`. The schedule lists the recomputations in the order they run
 (by first backward use, then forward creation order), which is the order the rewriter inserts them in.
 
-``share_chains`` says how the rewriter replays them: each recomputation replays its chain back to resident
-tensors (False, μ-TWO's model), or a replay also produces the recomputed activations it passes through and
-keeps them until their last backward use (True; see :mod:`acstudio.simulate.shared`).
+``replay_mode`` names how the recomputations run and were priced: a mode registered in
+:mod:`acstudio.simulate.modes` (``"again"``: each recomputation replays its chain from kept tensors, μ-TWO's model;
+``"shared"``: one replay also produces the recomputed activations it passes and keeps them until their last
+backward use). Files written before modes were named carry a bool ``share_chains`` instead; it is read as
+``"shared"`` / ``"again"``.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class Plan:
     baseline_peak_bytes: int
     activation_bytes: dict[str, int] = field(default_factory=dict)  # every activation of the profile
     excluded: dict[str, str] = field(default_factory=dict)  # activations that are not candidates, and why
-    share_chains: bool = False  # how the rewriter replays them (see the module docstring); absent in old files
+    replay_mode: str = "again"  # a registered replay mode (see the module docstring)
 
     # -- identity ------------------------------------------------------------------------------------------
     def check_profile(self, profile: Profile) -> None:
@@ -104,6 +106,8 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         fields = {f.name for f in dataclasses.fields(cls)}
         body = {k: v for k, v in d.items() if k in fields}
+        if "replay_mode" not in d and "share_chains" in d:  # files from before replay modes had names
+            body["replay_mode"] = "shared" if d["share_chains"] else "again"
         body["schedule"] = [ScheduleEntry(*row) for row in d["schedule"]]
         return cls(**body)
 

@@ -20,24 +20,19 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import defaultdict
-from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
-from acstudio.plan import baselines
-from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
+from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
-from acstudio.simulate.shared import shared_peak
 from acstudio.simulate.simulator import SimState, Simulator
 
-SOLVERS = ("mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp")
 BUDGET_MET = "budget met"
 BASELINE_FITS = "nothing to do: baseline fits"
 EXHAUSTED = "candidates exhausted (budget below floor)"
@@ -214,11 +209,12 @@ class Trajectory:
         ``grid`` prefixes, a binary search for the first fitting prefix below each fitting grid point, and the
         ``window`` steps on either side; only evaluated fits count.
         """
+        shared = get_mode("shared")
         cache: dict[int, tuple[int, int, float]] = {0: (int(self._own[0]), 0, 0.0)}
 
         def fits(j: int) -> bool:
             if j not in cache:
-                cache[j] = shared_peak(self._ctx.sim, self._picks[:j])
+                cache[j] = shared.peak(self._ctx.sim, self._picks[:j])
             return cache[j][0] <= budget_bytes
 
         points = sorted({round(x) for x in np.linspace(0, len(self._picks), grid + 1)})
@@ -234,13 +230,13 @@ class Trajectory:
 
     def best_plan_for_budget(self, budget_bytes: int) -> Plan:
         """:meth:`plan_for_budget`, or the shared-chain plan of a trajectory prefix if that fits too and is
-        predicted faster (``Plan.share_chains`` says which). Tens of shared evaluations: for planning one
+        predicted faster (``Plan.replay_mode`` says which). Tens of shared evaluations: for planning one
         budget, not for a slider."""
         again = self.plan_for_budget(budget_bytes)
         j = self.shared_step_for_budget(budget_bytes)
         if j is None or j == 0:
             return again
-        shared = self._ctx.shared_plan_for_set("mutwo", budget_bytes, self._picks[:j], BUDGET_MET)
+        shared = self._ctx.plan_for_set("mutwo", budget_bytes, self._picks[:j], BUDGET_MET, mode="shared")
         # A tie (equal up to float rounding) keeps μ-TWO's own replays.
         if again.feasible and again.predicted_extra_ms <= shared.predicted_extra_ms * (1 + 1e-9):
             return again
@@ -261,7 +257,7 @@ class Trajectory:
         return pd.DataFrame([vars(s) for s in self.steps])
 
 
-def _trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: ProgressFn | None = None,
+def run_trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: ProgressFn | None = None,
                 cancel: CancelToken | None = None) -> Trajectory:
     """Run the greedy to the end, or only until the peak fits ``until_bytes``."""
     sim = ctx.sim
@@ -296,106 +292,14 @@ def _trajectory(ctx: PlanContext, until_bytes: int | None = None, progress: Prog
         if len(picks) % 16 == 0:
             report(progress, len(picks), total, f"μ-TWO: {len(picks)}/{total} candidates recomputed")
     report(progress, total, total, "μ-TWO: done")
+    if until_bytes is None and stop_reason == EXHAUSTED and "floor" not in vars(sim):
+        # Every candidate is recomputed in the last step: that is the floor, no need to simulate it again.
+        sim.floor = (steps[-1].simulated_peak_bytes, own_nodes[-1])
+    _ = ctx.profile.fingerprint, sim.floor_bytes  # what every plan reports: computed here, once, not per lookup
     return Trajectory(steps, stop_reason, ctx, picks, g.history, own_nodes)
 
 
 def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progress: ProgressFn | None = None,
                      cancel: CancelToken | None = None) -> Trajectory:
     """The complete μ-TWO greedy run for ``profile`` (the memory/time Pareto curve)."""
-    ctx = PlanContext(profile, simulator)
-    traj = _trajectory(ctx, progress=progress, cancel=cancel)
-    if traj.stop_reason == EXHAUSTED and "floor" not in vars(ctx.sim):
-        # Every candidate is recomputed in the last step: that is the floor, no need to simulate it again.
-        ctx.sim.floor = (traj.steps[-1].simulated_peak_bytes, traj._own_nodes[-1])
-    _ = profile.fingerprint, ctx.sim.floor_bytes  # what every plan reports: computed here, once, not per lookup
-    return traj
-
-
-def plan(profile: Profile, budget_bytes: int, solver: str = "mutwo", simulator: Simulator | None = None,
-         cancel: CancelToken | None = None) -> Plan:
-    """Plan one budget from scratch with ``solver`` (one of :data:`SOLVERS`).
-
-    μ-TWO runs its whole greedy and returns :meth:`Trajectory.best_plan_for_budget`: the replay-again plan
-    :meth:`Trajectory.plan_for_budget` gives, or a trajectory prefix replayed with shared chains when that fits
-    and is predicted faster. The fixed baselines are simulated as they are and marked infeasible if they do not
-    fit; per-module and sqrt-n with shared chains, which is how their real counterparts (``torch.utils.checkpoint``
-    on segments) run, each segment replayed once. ``milp`` gives the cheapest recompute set that fits under
-    μ-TWO's replay-again model (small graphs only).
-    """
-    if solver not in SOLVERS:
-        raise ACStudioError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    ctx = PlanContext(profile, simulator)
-    sim = ctx.sim
-    if solver == "mutwo":
-        if sim.baseline_peak <= budget_bytes:
-            return ctx.plan_for_set(solver, budget_bytes, [], BASELINE_FITS)
-        return _trajectory(ctx, cancel=cancel).best_plan_for_budget(budget_bytes)
-    if solver == "milp":
-        from acstudio.plan.milp import exact_recompute_set  # scipy.optimize: imported only when used
-
-        chosen, status = exact_recompute_set(ctx, budget_bytes, cancel=cancel)
-        if chosen is None:
-            return ctx.plan_for_set(solver, budget_bytes, [], f"no recompute set fits: {status}")
-        return ctx.plan_for_set(solver, budget_bytes, chosen, BASELINE_FITS if not chosen else f"{BUDGET_MET} "
-                                "(optimal)")
-    make = ctx.shared_plan_for_set if solver in baselines.SEGMENTED else ctx.plan_for_set
-    p = make(solver, budget_bytes, baselines.FIXED[solver](ctx))
-    if not p.feasible:
-        p.stop_reason = (EXHAUSTED if solver == "recompute-all" else
-                         f"budget not met: {solver} reaches {format_bytes(p.predicted_peak_bytes)}")
-    return p
-
-
-def sweep(profile: Profile, solvers: Collection[str] = SOLVERS, simulator: Simulator | None = None,
-          milp_points: int = 6, progress: ProgressFn | None = None, cancel: CancelToken | None = None
-          ) -> pd.DataFrame:
-    """Pareto table of every solver under the same simulator: one row per (solver, operating point).
-
-    μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the fixed baselines
-    one row per replay mode (``share_chains``; their budget is their own peak; per-module and sqrt-n run with
-    shared chains in reality, noted on that row), and ``milp`` the exact optimum at up to ``milp_points``
-    budgets taken from the μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` at that
-    budget. Profiles too large for the MILP get a row saying so.
-    """
-    ctx = PlanContext(profile, simulator)
-    rows = []
-
-    def row(solver: str, budget: int, p: Plan | TrajectoryStep, n: int, **extra) -> None:
-        peak = p.predicted_peak_bytes
-        extra_ms = p.predicted_extra_ms if isinstance(p, Plan) else p.extra_ms
-        shared = isinstance(p, Plan) and p.share_chains
-        rows.append({"solver": solver, "budget_bytes": budget, "peak_bytes": peak, "extra_ms": extra_ms,
-                     "n_recomputed": n, "share_chains": shared, **extra})
-
-    traj = _trajectory(ctx, progress=progress, cancel=cancel) if {"mutwo", "milp"} & set(solvers) else None
-    if "mutwo" in solvers:
-        best = None
-        for j, step in enumerate(traj.steps):
-            if best is None or step.simulated_peak_bytes < best:
-                best = step.simulated_peak_bytes
-                row("mutwo", best, step, j)
-    for solver in (s for s in solvers if s in baselines.FIXED):
-        check(cancel)
-        chosen = baselines.FIXED[solver](ctx)
-        p = ctx.plan_for_set(solver, 0, chosen)
-        row(solver, p.predicted_peak_bytes, p, len(p.recomputed))
-        if chosen:
-            p = ctx.shared_plan_for_set(solver, 0, chosen)
-            row(solver, p.predicted_peak_bytes, p, len(p.recomputed),
-                note="how its real counterpart runs" if solver in baselines.SEGMENTED else "")
-    if "milp" in solvers:
-        from acstudio.plan.milp import MAX_CANDIDATES
-
-        if len(ctx.rg.candidates) > MAX_CANDIDATES:
-            rows.append({"solver": "milp", "note": f"skipped: more than {MAX_CANDIDATES} candidates"})
-        else:
-            peaks = sorted({s.predicted_peak_bytes for s in traj.steps[1:]}, reverse=True)
-            picks = [peaks[round(i)] for i in np.linspace(0, len(peaks) - 1, min(milp_points, len(peaks)))]
-            for budget in dict.fromkeys(picks):
-                check(cancel)
-                p = plan(profile, budget, "milp", ctx.sim, cancel)
-                mu = traj.plan_for_budget(budget)
-                gap = mu.predicted_extra_ms / p.predicted_extra_ms - 1 if p.predicted_extra_ms > 0 else 0.0
-                row("milp", budget, p, len(p.recomputed), feasible=p.feasible, note=p.stop_reason,
-                    mutwo_extra_ms=mu.predicted_extra_ms, gap=gap)
-    return pd.DataFrame(rows)
+    return run_trajectory(PlanContext(profile, simulator), progress=progress, cancel=cancel)

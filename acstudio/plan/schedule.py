@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.profile.model import Profile
-from acstudio.simulate.replay import Expansion
-from acstudio.simulate.shared import evaluate_shared, shared_schedule
+from acstudio.simulate.modes import REPLAY_MODES, get_mode
 from acstudio.simulate.simulator import Simulator
 
 
@@ -23,6 +23,7 @@ class PlanContext:
         self.sim = simulator or Simulator(profile)
         self.rg = self.sim.replay
         self.node_ids = np.array(self.sim.node_ids, dtype=object)
+        self.cache: dict[str, Any] = {}  # what several solvers share (see acstudio.plan.solvers)
 
     @cached_property
     def activation_bytes(self) -> dict[str, int]:
@@ -31,6 +32,13 @@ class PlanContext:
     @cached_property
     def excluded(self) -> dict[str, str]:
         return {a: why for a, why in zip(self.rg.act_ids, self.rg.reason) if why}
+
+    @cached_property
+    def floor_bytes(self) -> int:
+        """The lowest peak activation checkpointing reaches: every candidate recomputed, in the best replay mode."""
+        every = self.rg.candidates
+        return min([self.sim.floor_bytes] + [m.peak(self.sim, every)[0] for name, m in REPLAY_MODES.items()
+                                             if name != "again"])
 
     def entry(self, k: int, sources: Iterable[int], params: Iterable[str], nodes: np.ndarray, time_ms: float,
               ratio: float) -> ScheduleEntry:
@@ -46,7 +54,7 @@ class PlanContext:
 
     def make_plan(self, solver: str, budget: int, recomputed: list[int], entries: list[ScheduleEntry],
                   peak: int, peak_node: str, extra_ms: float, stop_reason: str | None = None,
-                  share_chains: bool = False) -> Plan:
+                  replay_mode: str = "again") -> Plan:
         feasible = peak <= budget
         if stop_reason is None:
             if not recomputed and feasible:
@@ -57,38 +65,24 @@ class PlanContext:
             profile_fingerprint=self.profile.fingerprint, solver=solver, budget_bytes=int(budget),
             recomputed=[self.rg.act_ids[k] for k in recomputed], schedule=entries, predicted_peak_bytes=int(peak),
             predicted_peak_node=peak_node, predicted_extra_ms=float(extra_ms), feasible=feasible,
-            stop_reason=stop_reason, floor_bytes=self.sim.floor_bytes, baseline_peak_bytes=self.sim.baseline_peak,
-            activation_bytes=self.activation_bytes, excluded=self.excluded, share_chains=share_chains)
+            stop_reason=stop_reason, floor_bytes=self.floor_bytes, baseline_peak_bytes=self.sim.baseline_peak,
+            activation_bytes=self.activation_bytes, excluded=self.excluded, replay_mode=replay_mode)
 
     def plan_for_set(self, solver: str, budget: int, recomputed: list[int], stop_reason: str | None = None,
-                     ratios: dict[int, float] | None = None) -> Plan:
-        """Simulate ``recomputed`` (activation indices, in choice order) and wrap it as a plan."""
-        exps, keep_until, transient = self.sim.schedule_facts(recomputed)
-        mask = np.zeros(len(self.rg.bytes), dtype=bool)
-        mask[recomputed] = True
-        peak, pos, _ = self.sim.evaluate(mask, keep_until, transient)
-        entries = [self._entry_of(k, exps[k], ratios) for k in self.execution_order(recomputed)]
-        extra = sum(e.time_ms for e in exps.values())
-        return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], extra, stop_reason)
-
-    def shared_plan_for_set(self, solver: str, budget: int, recomputed: list[int],
-                            stop_reason: str | None = None) -> Plan:
-        """:meth:`plan_for_set` with shared chains (:mod:`acstudio.simulate.shared`)."""
-        sched = shared_schedule(self.sim, recomputed)
-        peak, pos, _ = evaluate_shared(self.sim, sched)
+                     mode: str = "again", ratios: dict[int, float] | None = None) -> Plan:
+        """Simulate ``recomputed`` (activation indices, in choice order) replayed in ``mode`` and wrap it as a
+        plan. ``ratios`` (a solver's own recompute ratios) replace ``bytes / replay time`` in the schedule."""
+        sched = get_mode(mode).schedule(self.sim, recomputed)
+        peak, pos, _ = get_mode(mode).evaluate(self.sim, sched)
         made = {k: r for r in sched.replays for k in r.outputs}
         entries = []
         for k in self.execution_order(recomputed):
             r = made[k]
             if k == r.outputs[0]:
-                entries.append(self.entry(k, r.sources, r.params, r.nodes, r.time_ms,
-                                          self.rg.bytes[k] / max(r.time_ms, 1e-9)))
-            else:
+                ratio = ratios[k] if ratios else self.rg.bytes[k] / max(r.time_ms, 1e-9)
+                entries.append(self.entry(k, r.sources, r.params, r.nodes, r.time_ms, ratio))
+            else:  # produced by an earlier replay on its way
                 entries.append(dataclasses.replace(self.entry(k, (), (), r.nodes[:0], 0.0, 0.0),
                                                    recompute_before=self.sim.node_ids[r.at]))
         return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], sched.extra_ms,
-                              stop_reason, share_chains=True)
-
-    def _entry_of(self, k: int, e: Expansion, ratios: dict[int, float] | None) -> ScheduleEntry:
-        ratio = ratios[k] if ratios else self.rg.bytes[k] / max(e.time_ms, 1e-9)
-        return self.entry(k, e.sources, e.params, e.nodes, e.time_ms, ratio)
+                              stop_reason, replay_mode=mode)

@@ -14,9 +14,10 @@ recomputed activation, in order of first backward use:
 
 A recomputed activation met on another's replay while it is not resident is, by default, replayed there as a
 transient and recomputed again before its own first use: μ-TWO's Alg E/F model, which the planner's simulator
-predicts exactly. ``share_chains=True`` instead makes that one replay also produce it (dodrio's ``rcomp_outs``):
-fewer replayed ops, but it is then held from the earlier insertion point (:mod:`acstudio.simulate.shared` predicts
-that exactly; a plan says which mode it was priced for in ``Plan.share_chains``).
+predicts exactly (replay mode ``"again"``). A mode whose ``shares_chains`` is set (``"shared"``) instead makes that
+one replay also produce it (dodrio's ``rcomp_outs``): fewer replayed ops, but it is then held from the earlier
+insertion point (:mod:`acstudio.simulate.shared` predicts that exactly; a plan names the mode it was priced for in
+``Plan.replay_mode``).
 Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward), and
 ``native_dropout`` (CUDA's fused dropout) as ``native_dropout_backward`` on the mask it drew in forward, which is
 kept: the same masked scale, no second draw.
@@ -37,6 +38,7 @@ from acstudio.capture.serialize import target_name
 from acstudio.capture.step import CapturedStep
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.profile.model import Profile
+from acstudio.simulate.modes import get_mode
 
 RESIDENT_CATEGORIES = {"parameter", "buffer", "optimizer_state", "input"}
 FORWARD_REGIONS = ("forward", "loss")
@@ -55,7 +57,7 @@ class Recomputation:
     module: str
     freed_after: str  # its last forward use: the storage is released right after this node
     recompute_before: str  # the node its replay is inserted before
-    replayed_by: str  # the activation whose replay produces it (itself, unless ``share_chains`` merged it)
+    replayed_by: str  # the activation whose replay produces it (itself, unless a shared chain produced it)
     replay_nodes: list[str] = field(default_factory=list)  # original ids re-executed (empty if merged)
     replay_ms: float = 0.0  # measured run time of those nodes
 
@@ -72,10 +74,10 @@ class RewrittenStep(CapturedStep):
 
 
 class PlannedActivations(list):
-    """A plan's recomputed activation ids, carrying how the plan replays them (``Plan.share_chains``), so that
+    """A plan's recomputed activation ids, carrying how the plan replays them (``Plan.replay_mode``), so that
     callers passing them on to :func:`rewrite_step` (verify, export) rewrite the step the plan was priced for."""
 
-    share_chains = False
+    replay_mode = "again"
 
 
 def plan_activations(plan, profile: Profile) -> list[str]:
@@ -84,30 +86,30 @@ def plan_activations(plan, profile: Profile) -> list[str]:
         return list(plan)
     plan.check_profile(profile)
     ids = PlannedActivations(plan.recomputed)
-    ids.share_chains = bool(getattr(plan, "share_chains", False))
+    ids.replay_mode = plan.replay_mode
     return ids
 
 
-def rewrite(step: CapturedStep, profile: Profile, plan, *, share_chains: bool = False) -> RewrittenStep:
+def rewrite(step: CapturedStep, profile: Profile, plan) -> RewrittenStep:
     """Apply ``plan`` (refused if made for another profile) to ``step``, replaying as the plan says; see
     :func:`rewrite_step`."""
-    return rewrite_step(step, profile, plan_activations(plan, profile), share_chains=share_chains)
+    return rewrite_step(step, profile, plan_activations(plan, profile))
 
 
 def rewrite_step(step: CapturedStep, profile: Profile, recomputed: Collection[str], *,
-                 share_chains: bool = False) -> RewrittenStep:
+                 replay_mode: str | None = None) -> RewrittenStep:
     """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward.
 
     ``step`` must be the graph ``profile`` was measured on (same nodes in the same order, e.g. from
-    ``deserialize_step(profile.graph)``); it is not modified. Chains are shared when ``share_chains`` is set or
-    ``recomputed`` comes from a shared-chain plan (:func:`plan_activations`).
+    ``deserialize_step(profile.graph)``); it is not modified. Replays follow ``replay_mode``, by default the mode
+    of the plan ``recomputed`` comes from (:func:`plan_activations`), else ``"again"``.
     """
-    share_chains = share_chains or getattr(recomputed, "share_chains", False)
+    mode = get_mode(replay_mode or getattr(recomputed, "replay_mode", "again"))
     gm = fx.GraphModule(step.gm, copy.deepcopy(step.gm.graph))
     ids = [n.meta.get("ac_id") for n in gm.graph.nodes]
     if ids != [r.id for r in profile.nodes]:
         raise PlanMismatchError("this graph is not the one the profile was measured on (node ids differ)")
-    recs = _Rewriter(gm, profile, share_chains).apply(recomputed)
+    recs = _Rewriter(gm, profile, mode.shares_chains).apply(recomputed)
     gm.graph.lint()
     gm.recompile()
     return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), recomputations=recs)
@@ -123,10 +125,10 @@ class _Replayed:
 
 
 class _Rewriter:
-    def __init__(self, gm: fx.GraphModule, profile: Profile, share_chains: bool) -> None:
+    def __init__(self, gm: fx.GraphModule, profile: Profile, shares_chains: bool) -> None:
         self.gm = gm
         self.profile = profile
-        self.share_chains = share_chains
+        self.shares_chains = shares_chains
         self.nodes = list(gm.graph.nodes)
         self.pos = {n: i for i, n in enumerate(self.nodes)}
         self.rec = dict(zip(self.nodes, profile.nodes))
@@ -268,7 +270,7 @@ class _Rewriter:
                     f"graph input {sid}; that version no longer exists in backward")
             plan.remat.add(sid)
             push(self.nodes[i] for i in self.writers.get(sid, []) if i < at)
-            if sid in self.wanted and sid not in self.replayed and (sid == owner or self.share_chains):
+            if sid in self.wanted and sid not in self.replayed and (sid == owner or self.shares_chains):
                 plan.group.append(sid)
                 push(h for h in self.forward_holders(sid) if any(self.pos.get(u, -1) >= at for u in h.users))
 

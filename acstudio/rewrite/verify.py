@@ -112,7 +112,7 @@ class VerifyResult:
 
 
 def verify(profile: Profile, plan, device: str = "cpu", progress: ProgressFn | None = None,
-           cancel: CancelToken | None = None, *, share_chains: bool = False) -> VerifyResult:
+           cancel: CancelToken | None = None, *, replay_mode: str | None = None) -> VerifyResult:
     """Rewrite ``profile``'s step with ``plan`` and check it against the captured step on ``device``."""
     recomputed = plan_activations(plan, profile)
     dev = resolve_device(device)
@@ -126,7 +126,7 @@ def verify(profile: Profile, plan, device: str = "cpu", progress: ProgressFn | N
     if missing:
         raise DeviceError(f"the captured graph uses {', '.join(missing)}, which {dev.type} cannot run (the profile "
                           f"was made on {profile.environment.get('device', 'another device')}); verify it there")
-    rewritten = rewrite_step(step, profile, recomputed, share_chains=share_chains)
+    rewritten = rewrite_step(step, profile, recomputed, replay_mode=replay_mode)
     check(cancel)
     spec = WorkloadSpec.from_dict(profile.workload)
     report(progress, 1, total, "building the workload")

@@ -53,6 +53,21 @@ class Expansion:
     time_ms: float
 
 
+@dataclass(frozen=True)
+class Replay:
+    """One replay as a replay mode schedules it: inserted before node ``at``, it brings back ``outputs`` (its
+    owner first; more than one when it produces the recomputed tensors it passes)."""
+
+    at: int
+    outputs: tuple[int, ...]
+    chain: tuple[int, ...]  # activations whose own chains are replayed (outputs and transient ones)
+    sources: tuple[int, ...]  # activations read from memory, sorted
+    params: tuple[str, ...]  # parameter/buffer/input storages read, sorted
+    nodes: np.ndarray  # replayed node indices, topological order
+    time_ms: float
+    transient: int  # high-water mark of its allocations, the outputs it keeps included
+
+
 class ReplayGraph:
     """Static recompute structure of a profile; activations are addressed by index into ``profile.activations``."""
 

@@ -1,4 +1,4 @@
-"""Shared-chain replays: what the rewriter's ``share_chains=True`` executes, simulated exactly.
+"""Shared-chain replays: what the rewriter executes in replay mode ``"shared"``, simulated exactly.
 
 μ-TWO's model (:mod:`acstudio.simulate.simulator`) replays each recomputed activation's chain back to the nearest
 resident tensor, so a layer whose consecutive activations are all recomputed replays its chain once per
@@ -23,27 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acstudio.profile.model import Profile
-from acstudio.simulate.simulator import SimResult, Simulator
-
-
-@dataclass(frozen=True)
-class SharedReplay:
-    """One replay, inserted before node ``at``; it produces ``outputs`` (its owner first)."""
-
-    at: int
-    outputs: tuple[int, ...]
-    chain: tuple[int, ...]  # activations whose own chains are replayed (outputs and transient ones)
-    sources: tuple[int, ...]  # activations read from memory, sorted
-    params: tuple[str, ...]
-    nodes: np.ndarray  # replayed node indices, topological order
-    time_ms: float
-    transient: int  # high-water mark of its allocations, the outputs it keeps included
+from acstudio.simulate.replay import Replay
+from acstudio.simulate.simulator import Simulator
 
 
 @dataclass
 class SharedSchedule:
-    replays: list[SharedReplay]
+    replays: list[Replay]
     back: np.ndarray  # per activation: node before which a recomputed one is back in memory (-1: not recomputed)
     keep_until: np.ndarray  # per retained activation: the latest replay reading it (-1: none)
 
@@ -99,7 +85,7 @@ def shared_schedule(sim: Simulator, recomputed: Collection[int]) -> SharedSchedu
             if not mask[s]:
                 keep_until[s] = at
         params = tuple(sorted({p for c in chain for p in rg.params[c]}))
-        replays.append(SharedReplay(at, tuple(outputs), tuple(chain), tuple(sorted(sources)), params, nodes,
+        replays.append(Replay(at, tuple(outputs), tuple(chain), tuple(sorted(sources)), params, nodes,
                                     float(rg.run_ms[nodes].sum()), rg.transient_bytes(outputs, nodes)))
     return SharedSchedule(replays, back, keep_until)
 
@@ -119,29 +105,3 @@ def evaluate_shared(sim: Simulator, schedule: SharedSchedule, timeline: bool = F
             held[j] = held[j - 1] + out_bytes[j - 1]
     transient = np.array([r.transient for r in schedule.replays], dtype=np.int64)
     return sim.peak_with_replays(acts_node, acts_between, at, held, transient, timeline)
-
-
-def shared_peak(sim: Simulator, recomputed: Collection[int]) -> tuple[int, int, float]:
-    """(peak bytes, peak node position, extra ms) of activation indices ``recomputed`` under shared chains."""
-    schedule = shared_schedule(sim, recomputed)
-    peak, pos, _ = evaluate_shared(sim, schedule)
-    return peak, pos, schedule.extra_ms
-
-
-def simulate_shared(profile_or_simulator: Profile | Simulator, recomputed: Collection[str]) -> SimResult:
-    """:meth:`Simulator.simulate` for the shared-chain execution of the activation ids ``recomputed``.
-
-    ``recompute_ms`` gives each replay's time to its owner and 0 to the activations it produces on the way.
-    """
-    sim = profile_or_simulator if isinstance(profile_or_simulator, Simulator) else Simulator(profile_or_simulator)
-    schedule = shared_schedule(sim, sim.indices(recomputed))
-    peak, pos, _, table = evaluate_shared(sim, schedule, timeline=True)
-    ids = sim.replay.act_ids
-    per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
-    return SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms, timeline=table,
-                     recompute_ms=per)
-
-
-def simulate_execution(simulator: Simulator, recomputed: Collection[str], share_chains: bool) -> SimResult:
-    """The simulated step the rewriter produces for ``recomputed`` in the plan's replay mode."""
-    return simulate_shared(simulator, recomputed) if share_chains else simulator.simulate(recomputed)

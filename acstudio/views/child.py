@@ -105,7 +105,7 @@ def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
     """Every solver but μ-TWO (whose curve the window already has), as JSON-ready rows."""
     import math
 
-    from acstudio.plan.mutwo import SOLVERS, sweep
+    from acstudio.plan.solvers import SOLVERS, sweep
     from acstudio.profile.model import Profile
 
     df = sweep(Profile.load(profile_path), [s for s in SOLVERS if s != "mutwo"])

@@ -75,14 +75,25 @@ def recomputed_mask(profile: Profile, decisions: dict[str, str]) -> np.ndarray:
     return np.array([decisions.get(a.id) == "recompute" for a in profile.activations], dtype=bool)
 
 
-def alive_in_span(acts: ActivationIndex, recomputed: np.ndarray, first: int, last: int) -> np.ndarray:
-    """Per activation: is it in memory somewhere in nodes ``first..last``? A kept activation lives from the node
-    that makes it to its last backward use; a recomputed one until its last forward use, then again from its
-    first backward use (where it is recomputed just before)."""
-    kept_span = (acts.created <= last) & (acts.last_bw >= first)
-    forward_part = (acts.created <= last) & (acts.last_fw >= first)
-    backward_part = (acts.first_bw <= last) & (acts.last_bw >= first)
-    return np.where(recomputed, forward_part | backward_part, kept_span)
+def back_in_memory_at(profile: Profile, acts: ActivationIndex, plan: Plan) -> np.ndarray:
+    """Per activation: the node before which the plan brings it back (its recomputation; in a shared replay
+    that can be before its first backward use), or -1 when the plan keeps it."""
+    row = {a.id: k for k, a in enumerate(profile.activations)}
+    back = np.full(len(acts.bytes), -1, dtype=np.int64)
+    for e in plan.schedule:
+        back[row[e.activation]] = profile.node_index[e.recompute_before]
+    return back
+
+
+def alive_in_span(acts: ActivationIndex, back_at: np.ndarray, first: int, last: int) -> np.ndarray:
+    """Per activation: is it in memory somewhere in nodes ``first..last``? A kept activation (``back_at`` -1)
+    lives from the node that makes it to its last backward use; a recomputed one until its last forward use,
+    then again from ``back_at`` to its last use."""
+    made = acts.created <= last
+    kept_span = made & (acts.last_bw >= first)
+    forward_part = made & (acts.last_fw >= first)
+    backward_part = (back_at <= last) & (acts.last_bw >= first)
+    return np.where(back_at < 0, kept_span, forward_part | backward_part)
 
 
 def graph_decisions(profile: Profile, acts: ActivationIndex, plan: Plan, decisions: dict[str, str]) -> Decisions:

@@ -1,0 +1,213 @@
+"""Every planner in one registry, and the one entry point that the CLI, the GUI and bench call.
+
+A solver is ``solve_<name>(ctx, budget, *, cancel) -> Plan`` (Checkmate's style), registered with
+:func:`solver`; :func:`plan` looks it up. ``ctx`` (:class:`~acstudio.plan.schedule.PlanContext`) holds the
+profile's simulator and caches what several solvers share (μ-TWO's trajectory).
+
+``auto``, the default, asks every solver it knows for its plan at the budget and returns the predicted-fastest
+one that fits (or, if none fits, the lowest peak): by construction no plan it knows beats it. Each fixed
+baseline is priced in the replay mode its real counterpart runs in (per-module and √n as ``torch.utils.checkpoint``
+on segments: shared chains; recompute-all in whichever mode is faster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from acstudio.errors import ACStudioError
+from acstudio.jobs import CancelToken, ProgressFn, check
+from acstudio.plan import baselines
+from acstudio.plan.budget import format_bytes
+from acstudio.plan.model import Plan
+from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED, Trajectory, run_trajectory
+from acstudio.plan.schedule import PlanContext
+from acstudio.profile.model import Profile
+from acstudio.simulate.simulator import Simulator
+
+
+@dataclass(frozen=True)
+class Solver:
+    name: str
+    summary: str
+    solve: Callable[..., Plan]
+
+
+SOLVERS: dict[str, Solver] = {}
+
+
+def solver(name: str, summary: str) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
+    """Register ``solve(ctx, budget, *, cancel=None) -> Plan`` under ``name``."""
+    def register(solve: Callable[..., Plan]) -> Callable[..., Plan]:
+        SOLVERS[name] = Solver(name, summary, solve)
+        return solve
+    return register
+
+
+def trajectory(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+               ) -> Trajectory:
+    """μ-TWO's whole greedy run for ``ctx``, computed once and cached on it."""
+    if "mutwo" not in ctx.cache:
+        ctx.cache["mutwo"] = run_trajectory(ctx, progress=progress, cancel=cancel)
+    return ctx.cache["mutwo"]
+
+
+def best_of(plans: Collection[Plan]) -> Plan:
+    """The predicted-fastest plan that fits its budget, or, if none fits, the one with the lowest peak."""
+    fitting = [p for p in plans if p.feasible]
+    if fitting:
+        return min(fitting, key=lambda p: (p.predicted_extra_ms, p.predicted_peak_bytes))
+    return min(plans, key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms))
+
+
+# -- μ-TWO and the exact program -----------------------------------------------------------------------------
+
+@solver("mutwo", "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster")
+def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    if ctx.sim.baseline_peak <= budget:
+        return ctx.plan_for_set("mutwo", budget, [], BASELINE_FITS)
+    return trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
+
+
+@solver("milp", "exact optimum under μ-TWO's replay model (small graphs)")
+def solve_milp(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    from acstudio.plan.milp import exact_recompute_set  # scipy.optimize: imported only when used
+
+    chosen, status = exact_recompute_set(ctx, budget, cancel=cancel)
+    if chosen is None:
+        return ctx.plan_for_set("milp", budget, [], f"no recompute set fits: {status}")
+    return ctx.plan_for_set("milp", budget, chosen, BASELINE_FITS if not chosen else f"{BUDGET_MET} (optimal)")
+
+
+# -- fixed baselines -------------------------------------------------------------------------------------------
+
+def fixed_plans(ctx: PlanContext, name: str, budget: int) -> list[Plan]:
+    """Baseline ``name``'s recompute set priced in each mode its real counterpart may run in."""
+    chosen = baselines.FIXED[name](ctx)
+    plans = [ctx.plan_for_set(name, budget, chosen, mode=mode) for mode in baselines.REAL_MODES[name]]
+    for p in plans:
+        if not p.feasible:
+            p.stop_reason = (EXHAUSTED if name == "recompute-all" else
+                             f"budget not met: {name} reaches {format_bytes(p.predicted_peak_bytes)}")
+    return plans
+
+
+def _register_fixed(name: str, summary: str) -> None:
+    def solve(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+        return best_of(fixed_plans(ctx, name, budget))
+    solve.__name__ = "solve_" + name.replace("-", "_")
+    solver(name, summary)(solve)
+
+
+for _name, _summary in baselines.SUMMARIES.items():
+    _register_fixed(_name, _summary)
+
+
+# -- the default -------------------------------------------------------------------------------------------------
+
+KNOWN = ("mutwo", "per-module", "sqrt-n", "recompute-all", "keep-all")
+
+
+@solver("auto", "the fastest plan of every solver above that fits (never beaten by a plan it knows)")
+def solve_auto(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    plans = []
+    for name in KNOWN:
+        check(cancel)
+        plans.append(SOLVERS[name].solve(ctx, budget, cancel=cancel))
+    best = best_of(plans)
+    why = f"{best.stop_reason} ({best.solver}'s plan)" if best.recomputed else best.stop_reason
+    return dataclasses.replace(best, solver="auto", stop_reason=why)
+
+
+def plan(profile: Profile, budget_bytes: int, solver: str = "auto", simulator: Simulator | None = None,
+         cancel: CancelToken | None = None, ctx: PlanContext | None = None) -> Plan:
+    """Plan one budget with ``solver`` (a name in :data:`SOLVERS`); pass ``ctx`` to reuse what earlier calls
+    computed for the same profile."""
+    if solver not in SOLVERS:
+        raise ACStudioError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    ctx = ctx or PlanContext(profile, simulator)
+    return SOLVERS[solver].solve(ctx, budget_bytes, cancel=cancel)
+
+
+# -- the Pareto table ----------------------------------------------------------------------------------------------
+
+def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: Simulator | None = None,
+          milp_points: int = 6, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
+          ctx: PlanContext | None = None) -> pd.DataFrame:
+    """Pareto table of every solver under the same simulator: one row per (solver, operating point).
+
+    μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the fixed baselines
+    one row per replay mode (their budget is their own peak; ``note`` marks the mode their real counterpart runs
+    in), ``auto`` the lower envelope of all those points, and ``milp`` the exact optimum at up to ``milp_points``
+    budgets taken from the μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` there.
+    Profiles too large for the MILP get a row saying so.
+    """
+    ctx = ctx or PlanContext(profile, simulator)
+    solvers = set(SOLVERS if solvers is None else solvers)
+    rows = []
+
+    def row(solver: str, peak: int, extra_ms: float, n: int, mode: str, **extra) -> None:
+        rows.append({"solver": solver, "budget_bytes": peak, "peak_bytes": peak, "extra_ms": extra_ms,
+                     "n_recomputed": n, "replay_mode": mode, **extra})
+
+    traj = trajectory(ctx, progress, cancel) if {"mutwo", "milp", "auto"} & solvers else None
+    points = []  # (peak, extra_ms, n, mode, solver) of everything auto knows
+    best = None
+    for j, step in enumerate(traj.steps if traj else ()):
+        if best is None or step.simulated_peak_bytes < best:
+            best = step.simulated_peak_bytes
+            points.append((best, step.extra_ms, j, "again", "mutwo"))
+    for name in baselines.FIXED:
+        check(cancel)
+        real = baselines.REAL_MODES[name]
+        for mode in ("again", "shared"):
+            p = ctx.plan_for_set(name, 0, baselines.FIXED[name](ctx), mode=mode)
+            if name in solvers:
+                row(name, p.predicted_peak_bytes, p.predicted_extra_ms, len(p.recomputed), mode,
+                    note="how its real counterpart runs" if mode in real and len(real) == 1 else "")
+            if mode in real:
+                points.append((p.predicted_peak_bytes, p.predicted_extra_ms, len(p.recomputed), mode, name))
+            if not p.recomputed:
+                break  # keep-all: the same in every mode
+    if "mutwo" in solvers:
+        rows[:0] = [{"solver": "mutwo", "budget_bytes": pk, "peak_bytes": pk, "extra_ms": ms, "n_recomputed": n,
+                     "replay_mode": mode} for pk, ms, n, mode, src in points if src == "mutwo"]
+    if "auto" in solvers:
+        for pk, ms, n, mode, src in pareto_front(points):
+            row("auto", pk, ms, n, mode, note=f"{src}'s plan")
+    if "milp" in solvers:
+        rows.extend(_milp_rows(ctx, traj, milp_points, cancel))
+    return pd.DataFrame(rows)
+
+
+def pareto_front(points: list[tuple]) -> list[tuple]:
+    """The points (peak first, extra time second) that no other point beats in both, by increasing peak."""
+    front = []
+    for p in sorted(points, key=lambda p: (p[0], p[1])):
+        if not front or p[1] < front[-1][1]:
+            front.append(p)
+    return front
+
+
+def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, cancel: CancelToken | None) -> list[dict]:
+    from acstudio.plan.milp import MAX_CANDIDATES
+
+    if len(ctx.rg.candidates) > MAX_CANDIDATES:
+        return [{"solver": "milp", "note": f"skipped: more than {MAX_CANDIDATES} candidates"}]
+    rows = []
+    peaks = sorted({s.predicted_peak_bytes for s in traj.steps[1:]}, reverse=True)
+    picks = [peaks[round(i)] for i in np.linspace(0, len(peaks) - 1, min(milp_points, len(peaks)))]
+    for budget in dict.fromkeys(picks):
+        check(cancel)
+        p = solve_milp(ctx, budget, cancel=cancel)
+        mu = traj.plan_for_budget(budget)
+        gap = mu.predicted_extra_ms / p.predicted_extra_ms - 1 if p.predicted_extra_ms > 0 else 0.0
+        rows.append({"solver": "milp", "budget_bytes": budget, "peak_bytes": p.predicted_peak_bytes,
+                     "extra_ms": p.predicted_extra_ms, "n_recomputed": len(p.recomputed), "replay_mode": "again",
+                     "feasible": p.feasible, "note": p.stop_reason, "mutwo_extra_ms": mu.predicted_extra_ms,
+                     "gap": gap})
+    return rows

@@ -1,0 +1,129 @@
+"""Replay modes: how a plan's recomputations run, one registered object per mode, each simulated exactly.
+
+A plan names its mode (``Plan.replay_mode``); the simulator, the planner, the rewriter and the exports look the
+mode up here instead of branching on it. A mode turns a recompute set into the replays it runs
+(:meth:`ReplayMode.schedule`) and evaluates their memory (:meth:`ReplayMode.evaluate`). New modes (for example
+how selective activation checkpointing replays a block) register themselves with :func:`register_mode`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from acstudio.errors import ACStudioError
+from acstudio.simulate.replay import Replay
+from acstudio.simulate.shared import SharedSchedule, evaluate_shared, shared_schedule
+from acstudio.simulate.simulator import SimResult, Simulator
+
+
+class ReplayMode:
+    """How recomputations are replayed. Subclasses set the class attributes and implement the two methods."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # what a user reads next to a plan in this mode
+    shares_chains: ClassVar[bool]  # whether the rewriter lets one replay produce the recomputed tensors it passes
+
+    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> Any:
+        """The replays of activation indices ``recomputed``: an object with ``replays`` (list of
+        :class:`~acstudio.simulate.replay.Replay` in the order they run) and ``extra_ms``."""
+        raise NotImplementedError
+
+    def evaluate(self, sim: Simulator, schedule: Any, timeline: bool = False):
+        """(peak bytes, peak node position, whether during a replay[, per-node category table])."""
+        raise NotImplementedError
+
+    def peak(self, sim: Simulator, recomputed: Sequence[int]) -> tuple[int, int, float]:
+        """(peak bytes, peak node position, extra ms) of activation indices ``recomputed``."""
+        schedule = self.schedule(sim, recomputed)
+        peak, pos, _ = self.evaluate(sim, schedule)
+        return peak, pos, schedule.extra_ms
+
+    def simulate(self, sim: Simulator, recomputed: Collection[str]) -> SimResult:
+        """Peak, extra time, per-node timeline and per-activation replay time of activation ids ``recomputed``;
+        a replay's time goes to its owner (its first output), 0 to what it produces on the way."""
+        schedule = self.schedule(sim, sim.indices(recomputed))
+        peak, pos, _, table = self.evaluate(sim, schedule, timeline=True)
+        ids = sim.replay.act_ids
+        per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
+        return SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms, timeline=table,
+                         recompute_ms=per)
+
+
+REPLAY_MODES: dict[str, ReplayMode] = {}
+
+
+def register_mode(mode: ReplayMode) -> ReplayMode:
+    REPLAY_MODES[mode.name] = mode
+    return mode
+
+
+def get_mode(name: str) -> ReplayMode:
+    try:
+        return REPLAY_MODES[name]
+    except KeyError:
+        raise ACStudioError(f"unknown replay mode {name!r}; choose one of {', '.join(REPLAY_MODES)}") from None
+
+
+def simulate_plan(sim: Simulator, recomputed: Collection[str], mode: str) -> SimResult:
+    """The simulated step for activation ids ``recomputed`` replayed in ``mode``."""
+    return get_mode(mode).simulate(sim, recomputed)
+
+
+@dataclass
+class AgainSchedule:
+    replays: list[Replay]
+    mask: np.ndarray
+    keep_until: np.ndarray
+    transient: np.ndarray
+
+    @property
+    def extra_ms(self) -> float:
+        return float(sum(r.time_ms for r in self.replays))
+
+
+class ReplayAgain(ReplayMode):
+    """μ-TWO's model: every recomputation replays its own chain back to resident tensors, right before its first
+    backward use (a recomputed tensor met on the way is replayed as a transient, again)."""
+
+    name = "again"
+    summary = "each recomputation replays its chain from kept tensors"
+    shares_chains = False
+
+    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> AgainSchedule:
+        rg = sim.replay
+        exps, keep_until, transient = sim.schedule_facts(list(recomputed))
+        mask = np.zeros(len(rg.bytes), dtype=bool)
+        mask[list(recomputed)] = True
+        order = sorted(recomputed, key=lambda k: (rg.first_bw[k], rg.created[k], k))
+        replays = [Replay(int(rg.first_bw[k]), (k,), exps[k].chain, exps[k].sources, exps[k].params, exps[k].nodes,
+                          exps[k].time_ms, int(transient[k])) for k in order]
+        return AgainSchedule(replays, mask, keep_until, transient)
+
+    def evaluate(self, sim: Simulator, schedule: AgainSchedule, timeline: bool = False):
+        return sim.evaluate(schedule.mask, schedule.keep_until, schedule.transient, timeline)
+
+    def simulate(self, sim: Simulator, recomputed: Collection[str]) -> SimResult:
+        return sim.simulate(recomputed)
+
+
+class ReplayShared(ReplayMode):
+    """One replay also produces the recomputed tensors it passes and keeps them until their last backward use:
+    how ``torch.utils.checkpoint`` around blocks runs (see :mod:`acstudio.simulate.shared`)."""
+
+    name = "shared"
+    summary = "shared-chain replays (each block's forward replayed once)"
+    shares_chains = True
+
+    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SharedSchedule:
+        return shared_schedule(sim, recomputed)
+
+    def evaluate(self, sim: Simulator, schedule: SharedSchedule, timeline: bool = False):
+        return evaluate_shared(sim, schedule, timeline)
+
+
+register_mode(ReplayAgain())
+register_mode(ReplayShared())

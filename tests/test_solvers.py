@@ -1,0 +1,55 @@
+"""One registry of solvers and one of replay modes; ``auto`` is never beaten by a plan it knows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_simulator import random_profile
+
+from acstudio.errors import ACStudioError
+from acstudio.plan.baselines import REAL_MODES
+from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers import KNOWN, SOLVERS, plan, sweep
+from acstudio.simulate.modes import REPLAY_MODES, get_mode, simulate_plan
+
+
+def test_registries_name_every_solver_and_mode():
+    assert {"auto", "mutwo", "milp", "keep-all", "recompute-all", "per-module", "sqrt-n"} <= set(SOLVERS)
+    for name, s in SOLVERS.items():
+        assert s.solve.__name__ == "solve_" + name.replace("-", "_") and s.summary
+    assert {"again", "shared"} <= set(REPLAY_MODES)
+    with pytest.raises(ACStudioError, match="unknown replay mode 'nope'"):
+        get_mode("nope")
+    with pytest.raises(ACStudioError, match="unknown solver 'nope'"):
+        plan(random_profile(1), 1, "nope")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_auto_is_never_dominated(seed):
+    p = random_profile(seed, n_forward=10 + seed % 5)
+    ctx = PlanContext(p)
+    lo, hi = ctx.floor_bytes, ctx.sim.baseline_peak
+    for budget in np.linspace(lo * 0.95, hi * 1.02, 8).astype(int):
+        best = plan(p, int(budget), ctx=ctx)
+        assert best.solver == "auto" and best.floor_bytes == ctx.floor_bytes
+        # What auto returns is what its mode really costs.
+        sim = simulate_plan(ctx.sim, best.recomputed, best.replay_mode)
+        assert (sim.peak_bytes, sim.extra_ms) == (best.predicted_peak_bytes, pytest.approx(best.predicted_extra_ms))
+        for name in KNOWN:
+            other = plan(p, int(budget), name, ctx=ctx)
+            assert other.floor_bytes >= best.floor_bytes
+            if other.feasible:
+                assert best.feasible and best.predicted_extra_ms <= other.predicted_extra_ms + 1e-9, name
+            elif not best.feasible:
+                assert best.predicted_peak_bytes <= other.predicted_peak_bytes, name
+
+
+def test_sweep_auto_is_the_lower_envelope():
+    table = sweep(random_profile(4, n_forward=14), milp_points=2)
+    auto = table[table.solver == "auto"]
+    assert auto.peak_bytes.is_monotonic_increasing and auto.extra_ms.is_monotonic_decreasing
+    others = table[table.solver.isin(["mutwo", "per-module", "sqrt-n", "recompute-all", "keep-all"])]
+    for _, row in others.iterrows():  # every point auto knows has an auto point at or below it
+        if row.solver == "mutwo" or row.replay_mode in REAL_MODES[row.solver]:
+            below = auto[auto.peak_bytes <= row.peak_bytes]
+            assert len(below) and below.extra_ms.min() <= row.extra_ms + 1e-9
