@@ -200,3 +200,19 @@ def test_search_finds_modules_by_name_forward_first(resnet, bert):
     assert tree.find_modules("Layer3.0")[0] == "forward/layer3/0"
     assert tree.find_modules("no such module") == []
     assert gl.ModuleTree(bert).find_modules("encoder.layer.11")[0] == "forward/bert/encoder/layer/11"
+
+
+def test_a_decoder_opens_on_its_blocks_with_either_layout():
+    from conftest import TINY_GPT2, tiny_spec
+
+    from acstudio.profile.profiler import profile_workload
+
+    config = (*(tuple(c.split("=", 1)) for c in TINY_GPT2 if not c.startswith("n_layer")), ("n_layer", "8"))
+    profile = profile_workload(tiny_spec("gpt2", config=config), device="cpu")
+    tree = gl.ModuleTree(profile)
+    view = tree.view(tree.default_expansion(), gl.SHOWN_REGIONS["forward"])
+    assert [f"h.{k}" for k in range(8)] == [lab for lab in labels(view) if lab.startswith("h.")]
+    assert len(view.items) >= 10
+    check_geometry(view, gl.layered_layout(view))
+    if gl.dot_available():
+        check_geometry(view, gl.dot_layout(view))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
+from PySide6.QtCore import QSettings, QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -51,6 +51,7 @@ from acstudio.views.child import probe_environment, profile_in_child, sweep_in_c
 
 MAX_RECENT = 8
 MAX_COLUMN_PX = 280
+SIZE_SAMPLE_ROWS = 60  # sizing columns on all of ResNet-152's 2000 rows would take seconds
 USER_JOBS = ("load", "profile", "export", "bench")  # shown with a progress bar and Cancel
 FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
 TABLE_FORMATS = {"bytes": fmt_bytes, "inactive_ms": fmt_ms, "recompute_ms": fmt_ms, "ratio": fmt_ratio,
@@ -111,6 +112,7 @@ class MainWindow(QMainWindow):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         self.table.setTextElideMode(Qt.TextElideMode.ElideRight)  # a cut cell ends in "…"; its tooltip has it all
+        self.table.horizontalHeader().setResizeContentsPrecision(SIZE_SAMPLE_ROWS)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
         self.table.selectionModel().currentRowChanged.connect(self._on_table_row)
@@ -348,8 +350,8 @@ class MainWindow(QMainWindow):
                          f"activations; peak {format_bytes(top)}, floor {format_bytes(floor)}")
 
     def _size_table_columns(self) -> None:
-        """Every column as wide as its content, up to :data:`MAX_COLUMN_PX` (longer cells end in "…" and show
-        in full as a tooltip)."""
+        """Every column as wide as its content (judged on the first :data:`SIZE_SAMPLE_ROWS` rows), up to
+        :data:`MAX_COLUMN_PX` (longer cells end in "…" and show in full as a tooltip)."""
         self.table.resizeColumnsToContents()
         for c in range(self.table_model.columnCount()):
             if self.table.columnWidth(c) > MAX_COLUMN_PX:
@@ -392,9 +394,9 @@ class MainWindow(QMainWindow):
                                     len(plan.recomputed), candidates, plan.feasible, how)
         self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)
         self.table_model.set_columns(self.session.table_columns(state))
-        if self._size_plan_columns:  # the plan columns are empty until the first plan: size them once it is here
-            self._size_plan_columns = False
-            self._size_table_columns()
+        if self._size_plan_columns:  # the plan columns are empty until the first plan: size them once it is here,
+            self._size_plan_columns = False  # after the window has painted what it opened on
+            QTimer.singleShot(0, self._size_table_columns)
         if self.session.selected:
             self.inspector.setHtml(self._node_html(self.session.selected))
         self._update_actions()

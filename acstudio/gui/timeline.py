@@ -343,7 +343,7 @@ class TimelineView(QWidget):
         marks = lifetime_marks(self._profile, plan, act)
         self.lifetime = marks
         item = self.plot.getPlotItem()
-        y = self.plot.getPlotItem().vb.viewRange()[1][1] * 0.97
+        y = item.vb.viewRange()[1][1] * 0.9  # above the curves, below the region names
         xs = {what: float(self.axis.x(i)) for what, i in marks}
         recomputed = "recomputed" in xs
         # in memory: made .. last forward use, then (kept) until the last use, or (recomputed) again from the

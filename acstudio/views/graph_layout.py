@@ -205,22 +205,26 @@ class ModuleTree:
         return key.rpartition(SEP)[0]
 
     def default_expansion(self, min_items: int = 8, limit: int = 40) -> frozenset[str]:
-        """What the graph opens on: forward and backward show their top-level modules, and while a pass shows
-        fewer than ``min_items`` boxes its biggest group opens too (BERT: ``bert`` → ``encoder`` → its layers),
-        as long as the pass stays within ``limit`` boxes."""
+        """What the graph opens on: forward and backward show their top-level modules; then, as long as the
+        pass stays within ``limit`` boxes, its biggest group opens while the pass shows fewer than
+        ``min_items`` boxes (BERT: ``bert`` → ``encoder`` → its layers) or while that group holds most of the
+        pass (a decoder's stack of blocks ``h``)."""
         expanded: set[str] = set()
         for region in ("forward", "backward"):
             if (region,) not in self.members:
                 continue
             expanded.add(region)
+            total = len(self.members[(region,)])
             shown = self._children((region,))
-            while len(shown) < min_items:
+            while True:
                 groups = [p for p in shown if len(self.members.get(p, ())) > 1 and p[-1] != OWN_OPS
                           and not p[-1].startswith("ops ")]
                 fits = [p for p in groups if len(shown) - 1 + len(self._children(p)) <= limit]
                 if not fits:
                     break
                 biggest = max(fits, key=lambda p: len(self.members[p]))
+                if len(shown) >= min_items and 2 * len(self.members[biggest]) <= total:
+                    break
                 expanded.add(key_of(biggest))
                 shown = (shown - {biggest}) | self._children(biggest)
         return frozenset(expanded)
