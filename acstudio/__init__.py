@@ -11,3 +11,14 @@ def load_step(directory, model, optimizer):
     from acstudio.export.loader import load_step as _load_step
 
     return _load_step(directory, model, optimizer)
+
+
+def apply_plan(model, plan):
+    """Wrap ``model``'s blocks in place in selective-checkpointing checkpoints that follow ``plan``; returns it.
+
+    ``plan``: a folder written by ``acstudio export ... --format sac``, or a ``(Profile, Plan)`` pair. See
+    :func:`acstudio.export.apply.apply_plan`.
+    """
+    from acstudio.export.apply import apply_plan as _apply_plan
+
+    return _apply_plan(model, plan)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import sys
 
@@ -88,21 +89,38 @@ def thin_curve(table, solver: str, points: int):
     return table.drop(rows.index.difference(rows.index[keep]))
 
 
+def per_rank(profile, args):
+    """The profile as one rank of ``--fsdp N`` or ``--ddp N`` sees it (unchanged without either)."""
+    from acstudio.simulate.sharding import per_rank_profile
+
+    if args.fsdp and args.ddp:
+        raise ACStudioError("give --fsdp N or --ddp N, not both")
+    kind = "fsdp" if args.fsdp else "ddp" if args.ddp else None
+    if kind is None:
+        return profile
+    world = getattr(args, kind)
+    print(f"predicting one of {world} ranks under {kind} (the profile is of one rank's batch)")
+    return per_rank_profile(profile, world, kind)
+
+
 def cmd_plan(args) -> int:
     import pandas as pd
 
     from acstudio.plan.budget import format_bytes, parse_budget
+    from acstudio.plan.peak import explain_peak, floor_sentence
+    from acstudio.plan.schedule import PlanContext
     from acstudio.plan.solvers import plan, sweep
     from acstudio.profile.model import Profile
     from acstudio.simulate.modes import get_mode
     from acstudio.simulate.simulator import Simulator
 
-    profile = Profile.load(args.profile)
-    sim = Simulator(profile)
+    profile = per_rank(Profile.load(args.profile), args)
+    sim = Simulator(profile, keep_random=args.keep_random)
+    ctx = PlanContext(profile, sim)
     print(f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
-          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(sim.floor_bytes)}")
+          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(ctx.floor_bytes)}")
     if args.sweep:
-        table = sweep(profile, simulator=sim, progress=TerminalProgress(), cancel=args.cancel)
+        table = sweep(profile, progress=TerminalProgress(), cancel=args.cancel, ctx=ctx)
         if args.out:
             from acstudio.fileio import write_text
 
@@ -122,13 +140,16 @@ def cmd_plan(args) -> int:
     if not args.budget:
         raise ACStudioError("give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
-    result = plan(profile, budget, args.solver, simulator=sim, cancel=args.cancel)
+    result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx)
     state = "fits" if result.feasible else "INFEASIBLE"
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
           f"{get_mode(result.replay_mode).summary})")
     print(f"stopped: {result.stop_reason}")
+    print(explain_peak(ctx, result).summary())
+    if not result.feasible:
+        print(floor_sentence(ctx))
     if args.out:
         result.save(args.out)
         print(f"saved {args.out}")
@@ -164,9 +185,15 @@ def cmd_export(args) -> int:
     from acstudio.export.exporter import export
 
     profile, plan = _load_profile_and_plan(args)
-    for path in export(profile, plan, args.out, progress=TerminalProgress()):
+    formats = [f for f in args.format.split(",") if f] if args.format else None
+    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress())
+    for path in paths:
         print(f"wrote {path}")
-    print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
+    names = {os.path.basename(p) for p in paths}
+    if "step.py" in names:
+        print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
+    if "sac_policy.json" in names:
+        print(f"or: model = acstudio.apply_plan(model, {args.out!r})  # torch's selective checkpointing")
     return 0
 
 
@@ -189,7 +216,7 @@ def cmd_bench(args) -> int:
                         [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
                         progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
                         warmup=args.warmup, iters=args.iters, max_batch=args.max_batch, timeout_s=args.timeout,
-                        compile_backend=args.compile_backend)
+                        compile_backend=args.compile_backend, nproc=args.nproc)
     print(results.summary())
     print(f"results in {args.out} (bench.json, bench.csv, summary.md); plots: acstudio bench-plot {args.out}")
     return 0
@@ -233,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")
     p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
+    p.add_argument("--keep-random", action="store_true", help="never recompute random ops (dropout, attention "
+                   "with dropout); by default they are replayed with the RNG state their forward used")
+    p.add_argument("--fsdp", type=int, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard per block)")
+    p.add_argument("--ddp", type=int, metavar="N", help="plan for one of N ranks under DDP")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")
@@ -242,10 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the full result as JSON")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("export", help="write the rewritten step as a drop-in module, schedule and report")
+    p = sub.add_parser("export", help="write the plan as a drop-in step, a schedule and a SAC policy")
     p.add_argument("profile")
     p.add_argument("--plan", required=True)
     p.add_argument("--out", "-o", required=True, help="output folder (replaced as a whole)")
+    p.add_argument("--format", metavar="step,schedule,sac",
+                   help="formats to write, comma-separated (default: every one that applies)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("bench", help="benchmark eager, per-block checkpointing, compile and the rewritten step")
@@ -257,9 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--configs", default="eager,per-block,captured,rewritten",
-                   help="comma-separated: eager, captured, per-block, compile, compile@R, rewritten, rewritten@B "
-                        "(B: a budget such as 6GiB or 60%%, or another configuration, e.g. rewritten@per-block "
-                        "plans for per-block's measured peak at the same batch size)")
+                   help="comma-separated: eager, captured, per-block, per-op, compile, compile@R, compile+per-block, "
+                        "compile+per-op, rewritten, rewritten@B, sac@B, sac+compile@B, and fsdp+/ddp+ before any "
+                        "of eager, per-block, per-op, sac@B (with --nproc) (B: a budget such as 6GiB or 60%%, or "
+                        "another configuration, e.g. rewritten@per-block plans for per-block's measured peak at "
+                        "the same batch size; per-block*1.15 for 1.15 times it)")
     p.add_argument("--budgets", default="60%", help="budgets for a bare `rewritten` (comma-separated)")
     p.add_argument("--fit-budget", help="also search the largest batch whose peak fits this size (e.g. 6GiB)")
     p.add_argument("--max-batch", type=int, default=4096)
@@ -269,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks (GPUs) for fsdp+/ddp+ configurations, run under torchrun; -b is per rank")
     p.add_argument("--out", "-o", default="bench_results")
     p.set_defaults(func=cmd_bench)
 

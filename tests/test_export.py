@@ -14,7 +14,7 @@ from test_rewrite import captured, pick
 
 import acstudio
 from acstudio.capture.tracer import prepare_optimizer
-from acstudio.export import ExportMismatchError, export, exporter
+from acstudio.export import ExportError, ExportMismatchError, export, step_module
 from acstudio.plan import plan as make_plan
 from acstudio.rewrite import rewrite_step
 from acstudio.workload import build_workload
@@ -109,7 +109,7 @@ def test_exported_graph_creates_tensors_on_the_current_device_not_a_fixed_gpu():
                                {"device": torch.device("cuda", 0), "dtype": torch.float32})
     graph.output([ones, graph.call_function(torch.ops.aten.add.Tensor, (ones, torch.device("cuda", 3)))])
     gm = torch.fx.GraphModule({}, graph)
-    exporter.without_device_index(gm)
+    step_module.without_device_index(gm)
     assert ones.kwargs["device"] == torch.device("cuda") and ones.kwargs["dtype"] is torch.float32
     assert ones.next.args[1] == torch.device("cuda")
     assert "index" not in gm.code and "device(type='cuda')" in gm.code
@@ -160,7 +160,7 @@ def test_failed_export_leaves_no_half_written_folder(tmp_path, monkeypatch):
     def broken(*args):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(exporter, "report_text", broken)
+    monkeypatch.setattr(step_module, "report_text", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         export(profile, ids, out)
     assert os.listdir(tmp_path) == []
@@ -175,3 +175,47 @@ def test_failed_export_leaves_no_half_written_folder(tmp_path, monkeypatch):
     export(profile, ids, out)  # a successful export replaces the folder as a whole
     assert "old.txt" not in os.listdir(out) and "step.py" in os.listdir(out)
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_formats_are_chosen_and_the_sac_policy_round_trips(tmp_path):
+    """``formats`` picks the files; the sac format's policy is the SAC form of the plan, and apply_plan reads it."""
+    from acstudio.export.apply import load_policy
+    from acstudio.export.sac import SacPolicy
+    from acstudio.simulate.sac import simulate_sac
+
+    *_, profile = captured("gpt2")
+    plan = make_plan(profile, profile.peak_bytes, "recompute-all")
+    files = export(profile, plan, tmp_path / "sac", formats=["sac"])
+    assert [os.path.basename(f) for f in files] == ["sac_policy.json"]
+    loaded = load_policy(tmp_path / "sac")
+    assert loaded == SacPolicy.from_plan(profile, plan.recomputed)
+    form = simulate_sac(profile, plan.recomputed)
+    assert loaded.freed == form.freed and loaded.predicted_peak_bytes == form.result.peak_bytes
+    assert sorted(loaded.blocks) == ["transformer.h.0", "transformer.h.1"]
+    assert any(d.save for d in loaded.blocks["transformer.h.0"])
+    assert any(not d.save for d in loaded.blocks["transformer.h.0"])
+
+    everything = {os.path.basename(f) for f in export(profile, plan, tmp_path / "all")}
+    assert {"step.py", "schedule.json", "sac_policy.json"} <= everything
+    keep_all = make_plan(profile, profile.peak_bytes, "keep-all")
+    assert "sac_policy.json" not in {os.path.basename(f) for f in export(profile, keep_all, tmp_path / "k")}
+    with pytest.raises(ExportError, match="cannot export the sac format: the plan frees nothing"):
+        export(profile, keep_all, tmp_path / "k", formats=["sac"])
+    with pytest.raises(ExportError, match="unknown export format 'onnx'"):
+        export(profile, plan, tmp_path / "x", formats=["onnx"])
+
+
+def test_a_plan_priced_in_sac_mode_exports_its_policy_and_no_step(tmp_path):
+    from acstudio.plan.baselines import per_module
+    from acstudio.plan.schedule import PlanContext
+
+    *_, profile = captured("bert")
+    ctx = PlanContext(profile)
+    plan = ctx.plan_for_set("per-module", 0, per_module(ctx), mode="sac")
+    assert plan.replay_mode == "sac"
+    names = {os.path.basename(f) for f in export(profile, plan, tmp_path / "out")}
+    assert "sac_policy.json" in names and "step.py" not in names
+    saved = json.loads((tmp_path / "out" / "sac_policy.json").read_text())
+    assert saved["predicted_peak_bytes"] == plan.predicted_peak_bytes
+    with pytest.raises(ExportError, match="priced for selective checkpointing"):
+        export(profile, plan, tmp_path / "x", formats=["step"])

@@ -90,12 +90,16 @@ def shared_schedule(sim: Simulator, recomputed: Collection[int]) -> SharedSchedu
     return SharedSchedule(replays, back, keep_until)
 
 
-def evaluate_shared(sim: Simulator, schedule: SharedSchedule, timeline: bool = False):
+def evaluate_shared(sim: Simulator, schedule: SharedSchedule, timeline: bool = False,
+                    extra: tuple[np.ndarray, np.ndarray] | None = None):
     """Peak (bytes, node position, whether during a replay before that node) of a shared schedule, and with
-    ``timeline`` the per-node category table (as :meth:`Simulator.evaluate`)."""
+    ``timeline`` the per-node category table (as :meth:`Simulator.evaluate`). ``extra``: bytes held during and
+    just before each node besides the activations (counted as activations)."""
     rg = sim.replay
     mask = schedule.back >= 0
     acts_node, acts_between = sim.activation_memory(mask, schedule.keep_until, schedule.back)
+    if extra is not None:
+        acts_node, acts_between = acts_node + extra[0], acts_between + extra[1]
     at = np.array([r.at for r in schedule.replays], dtype=np.int64)
     out_bytes = np.array([int(rg.bytes[list(r.outputs)].sum()) for r in schedule.replays], dtype=np.int64)
     # Replays before the same node run one after the other; the outputs of the earlier ones stay.

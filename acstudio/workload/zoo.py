@@ -113,6 +113,8 @@ def build_transformers(spec: WorkloadSpec, model_type: str, task: str) -> Worklo
         config = transformers.AutoConfig.for_model(model_type, **overrides)
     except (ValueError, TypeError) as exc:
         raise ACStudioError(f"{spec.model}: cannot build its config: {exc}") from exc
+    if getattr(config, "use_cache", False) and "use_cache" not in overrides:
+        config.use_cache = False  # training keeps no KV cache (a checkpointed block must not update one)
     if getattr(config, "pad_token_id", None) is None and task == "cls":
         config.pad_token_id = 0
     auto = {

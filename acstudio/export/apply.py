@@ -1,0 +1,152 @@
+"""``acstudio.apply_plan``: run a plan with torch's own selective activation checkpointing (SAC).
+
+Every block the plan frees something in is wrapped in a non-reentrant ``torch.utils.checkpoint`` whose
+``context_fn`` builds ``create_selective_checkpoint_contexts`` around a :class:`BlockPolicy`: ``MUST_SAVE`` for the
+ops whose outputs the plan keeps, ``MUST_RECOMPUTE`` for those it frees. ``MUST_*`` decisions are binding for
+``torch.compile``'s partitioner too, so a compiled model follows the plan instead of solving again. The RNG state
+is preserved (non-reentrant checkpoint's ``preserve_rng_state``; under compile, Inductor's RNG functionalization),
+and ops that draw random numbers are always saved, so a replay never draws again.
+
+The wrapper changes no parameter, buffer or name: ``state_dict``, optimizers, FSDP2's ``fully_shard`` and DDP see
+the same model.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from acstudio.errors import ACStudioError, PlanMismatchError
+from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy
+
+_IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
+# Ops make_fx records under another overload than eager runs (``torch.tensor`` in a forward: lift_fresh).
+_TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
+# make_fx records ``detach`` (which SAC hides from its policy) as ``alias``: a recorded alias may not be seen.
+_MAYBE_HIDDEN = "aten.alias.default"
+_INNER = "_acstudio_sac_inner_forward"
+
+
+class ModelMismatchError(PlanMismatchError):
+    """The model runs other ops than the captured one did, so the plan's decisions cannot be matched to them."""
+
+
+class BlockPolicy:
+    """SAC policy of one call of one block.
+
+    An op is matched to its decision by (overload, occurrence of that overload in the block's forward), both
+    recorded from the captured graph. In forward the ops must also come in the recorded order; the first op that
+    differs raises :class:`ModelMismatchError` naming it.
+    """
+
+    def __init__(self, block: str, ops: list[OpDecision]) -> None:
+        self.block = block
+        self.ops = ops
+        self.decisions: dict[tuple[str, int], bool] = {}
+        seen: Counter[str] = Counter()
+        for d in ops:
+            self.decisions[(d.op, seen[d.op])] = d.save
+            seen[d.op] += 1
+        self.calls = {False: Counter(), True: Counter()}
+        self.position = 0
+
+    def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        op = str(func)
+        op = _TRACED_AS.get(op, op)
+        if not ctx.is_recompute:
+            self.check(op)
+        calls = self.calls[ctx.is_recompute]
+        save = self.decisions.get((op, calls[op]))
+        calls[op] += 1
+        if save is None:
+            raise ModelMismatchError(f"block {self.block} ran {op} more often than the profiled model "
+                                     "— profile and plan this model again")
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.MUST_RECOMPUTE
+
+    def check(self, op: str | None) -> None:
+        """Refuse the op the block runs at the current position (``None``: its forward ended) unless recorded."""
+        i = self.position
+        while i < len(self.ops) and self.ops[i].op == _MAYBE_HIDDEN and op != _MAYBE_HIDDEN:
+            self.calls[False][_MAYBE_HIDDEN] += 1
+            i += 1
+        self.position = i
+        expected = self.ops[i] if i < len(self.ops) else None
+        if op is None and expected is None:
+            return
+        if expected is None or op != expected.op:
+            ran = f"ran {op}" if op else "ended"
+            wanted = f"{expected.op} (in {expected.module or 'the root module'})" if expected else "its end"
+            raise ModelMismatchError(
+                f"the model does not match the plan: block {self.block}'s op #{i} {ran} where the profiled "
+                f"model ran {wanted} — profile and plan this model again")
+        self.position += 1
+
+
+def _contexts(block: str, ops: list[OpDecision], policies: list[BlockPolicy]):
+    """``context_fn`` of one checkpoint call: a fresh policy (its own counters) in SAC's two contexts."""
+    policy = BlockPolicy(block, ops)
+    policies.append(policy)
+    return create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
+
+
+def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> None:
+    """Make ``module``'s forward run under a checkpoint with the SAC policy ``ops`` (rewrapping replaces)."""
+    inner = getattr(module, _INNER, module.forward)
+    ops = [d for d in ops if d.op not in _IGNORED]
+    policies: list[BlockPolicy] = []
+    context_fn = functools.partial(_contexts, block, ops, policies)
+
+    def forward(*args, **kwargs):
+        out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+        if policies and not torch.compiler.is_compiling():
+            policies.pop().check(None)  # eager: the block ran all the recorded ops
+        return out
+
+    setattr(module, _INNER, inner)
+    module.forward = forward
+
+
+def load_policy(plan) -> SacPolicy:
+    """A :class:`SacPolicy` from an export folder, or from a ``(profile, plan)`` pair."""
+    if isinstance(plan, (str, os.PathLike)):
+        if not (Path(plan) / POLICY_FILE).is_file():
+            raise ACStudioError(f"{plan} has no {POLICY_FILE} — write it with `acstudio export PROFILE --plan PLAN "
+                                f"--format sac --out {plan}`")
+        return SacPolicy.load(plan)
+    if isinstance(plan, tuple) and len(plan) == 2:
+        profile, p = plan
+        p.check_profile(profile)
+        return SacPolicy.from_plan(profile, p.recomputed)
+    raise ACStudioError(f"apply_plan takes an export folder or a (profile, plan) pair, not {type(plan).__name__}")
+
+
+def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
+    """Wrap ``model``'s blocks in place in SAC checkpoints that follow ``plan``; returns ``model``.
+
+    ``plan`` is a folder written by ``acstudio export ... --format sac`` or a ``(Profile, Plan)`` pair. Blocks
+    are module paths recorded in the profile (``layer1.0``, ``transformer.h.3``); a block whose activations the
+    plan all keeps is left as it is. Call it before ``torch.compile``, ``fully_shard`` or DDP. The first forward
+    raises :class:`ModelMismatchError` if the model runs other ops than the profiled one.
+    """
+    policy = load_policy(plan)
+    if getattr(getattr(model, "config", None), "use_cache", False):
+        raise ACStudioError("the model keeps a KV cache (config.use_cache=True), which a replayed block would "
+                            "update twice — set model.config.use_cache = False for training, and profile it so")
+    modules = dict(model.named_modules())
+    for block in policy.blocks:
+        if block not in modules:
+            raise ModelMismatchError(f"the model has no module {block!r}, a block of the plan "
+                                     "— profile and plan this model again")
+    for block, ops in policy.blocks.items():
+        wrap_block(modules[block], block, ops)
+    return model

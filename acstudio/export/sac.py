@@ -1,0 +1,90 @@
+"""The ``sac`` export format: a plan as per-op selective-checkpointing decisions (``sac_policy.json``).
+
+Each block the SAC form wraps (see :mod:`acstudio.simulate.sac`) lists the ops of its forward in the order the
+captured graph ran them, each with the module that ran it and ``save`` or ``recompute``. An op is addressed by
+a key recorded at capture, never guessed: its block, its aten overload and its occurrence among the calls of
+that overload in the block's forward. :func:`acstudio.apply_plan` reads this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from acstudio.export.formats import ExportFormat, ExportJob, register_format
+from acstudio.fileio import read_document, write_document
+from acstudio.profile.model import Profile
+from acstudio.simulate.sac import SAVE, is_op, simulate_sac
+
+POLICY_FILE = "sac_policy.json"
+POLICY_SCHEMA = "acstudio.sac_policy"
+POLICY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class OpDecision:
+    op: str  # aten overload, e.g. "aten.addmm.default"
+    module: str  # innermost module that ran it (for messages)
+    save: bool
+
+
+@dataclass
+class SacPolicy:
+    """Per wrapped block, its forward's ops in order with their decisions."""
+
+    profile_fingerprint: str
+    blocks: dict[str, list[OpDecision]]
+    freed: list[str]  # activation ids the SAC form frees
+    predicted_peak_bytes: int
+    predicted_extra_ms: float
+
+    @classmethod
+    def from_plan(cls, profile: Profile, recomputed: list[str]) -> SacPolicy:
+        form = simulate_sac(profile, recomputed)
+        by_id = profile.node_by_id
+        blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how == SAVE) for i, how in ops if is_op(by_id[i])]
+                  for b, ops in form.decisions.items()}
+        return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms)
+
+    def to_dict(self) -> dict:
+        return {"profile_fingerprint": self.profile_fingerprint,
+                "blocks": {b: [[d.op, d.module, "save" if d.save else "recompute"] for d in ops]
+                           for b, ops in self.blocks.items()},
+                "freed": self.freed, "predicted_peak_bytes": self.predicted_peak_bytes,
+                "predicted_extra_ms": self.predicted_extra_ms}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SacPolicy:
+        blocks = {b: [OpDecision(op, module, how == "save") for op, module, how in ops]
+                  for b, ops in d["blocks"].items()}
+        return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"])
+
+    def save(self, directory: Path) -> str:
+        path = Path(directory) / POLICY_FILE
+        write_document(path, POLICY_SCHEMA, POLICY_VERSION, self.to_dict())
+        return str(path)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> SacPolicy:
+        return cls.from_dict(read_document(Path(directory) / POLICY_FILE, POLICY_SCHEMA, POLICY_VERSION))
+
+
+def policy(job: ExportJob) -> SacPolicy:
+    """The job's SAC policy, made once per export."""
+    return job.once("sac", lambda: SacPolicy.from_plan(job.profile, job.recomputed))
+
+
+def write(job: ExportJob, directory: Path) -> list[str]:
+    return [Path(policy(job).save(directory)).name]
+
+
+def unavailable(job: ExportJob) -> str:
+    if policy(job).blocks:
+        return ""
+    return ("the plan frees nothing inside a repeated block (the module boundaries SAC wraps), so SAC would "
+            "change nothing")
+
+
+register_format(ExportFormat("sac", f"{POLICY_FILE}: per-op save/recompute decisions for acstudio.apply_plan "
+                             "(torch's selective activation checkpointing; works under torch.compile, FSDP2, DDP)",
+                             write, unavailable))

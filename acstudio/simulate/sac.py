@@ -1,0 +1,243 @@
+"""Selective activation checkpointing (SAC) replays: how a plan runs once exported with ``--format sac``.
+
+``acstudio.apply_plan`` wraps each repeated block (``layer1.0``, ``transformer.h.3``) that frees something in a
+non-reentrant ``torch.utils.checkpoint`` whose policy saves or recomputes whole *ops*. That form differs from
+the rewritten graph's in three ways, all simulated here:
+
+* **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when
+  any storage it writes is kept, and always when it draws random numbers, updates module state (BatchNorm
+  running statistics, ``num_batches_tracked``) or reads a value that an in-place op overwrites later in forward
+  (a replay would read the new value). Everything else is recomputed (``MUST_RECOMPUTE``). So an activation the
+  plan frees stays in memory when its op also writes a kept storage, and activations that leave their block
+  (the next block's input) are always kept: the checkpoint's caller holds them.
+* **One replay per block, at the first backward use of anything the block saved**, i.e. the first backward node
+  that reads a forward value of the block. It reruns the block's forward up to the last value backward reads
+  (non-reentrant checkpoint's early stop), serving saved ops from the cache, and produces *every* activation
+  the block frees; each stays until its last backward use (as in shared chains).
+* **Blocks that free nothing are not wrapped** and run as in eager.
+
+Memory is then the simulator's with each freed activation back from its block's replay and each replay's
+high-water mark (:meth:`~acstudio.simulate.replay.ReplayGraph.transient_bytes`) counting the activations it
+keeps, plus the outputs of saved ops that backward never reads (SAC's cache holds them until the replay: the
+residual branch's BatchNorm output in a ResNet block) and the block's arguments, which the checkpoint keeps
+until the block's backward has run (BERT's attention mask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from acstudio.profile.model import Profile
+from acstudio.simulate.modes import ReplayMode, register_mode
+from acstudio.simulate.replay import FORWARD_REGIONS, Replay
+from acstudio.simulate.shared import SharedSchedule, evaluate_shared
+from acstudio.simulate.simulator import SimResult, Simulator
+
+# Ops that update running statistics; SAC cannot replay them without a second update, so they are saved.
+STATEFUL_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default",
+                "aten._native_batch_norm_legit.default", "aten.miopen_batch_norm.default",
+                "aten._batch_norm_with_update.default"}
+SAVE = "save"
+RECOMPUTE = "recompute"
+
+
+def is_op(node) -> bool:
+    """A node the SAC policy sees: an operator call (not ``getitem`` on a multi-output op, not a constant)."""
+    return node.op == "call_function" and node.target != "operator.getitem"
+
+
+@dataclass
+class SacSchedule(SharedSchedule):
+    """A shared schedule plus the non-activation storages SAC keeps beyond their eager lifetime: rows (first,
+    last node they are now alive during, bytes)."""
+
+    cached: np.ndarray
+
+
+def cache_memory(sim: Simulator, schedule: SacSchedule) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes of non-activation storages SAC keeps longer than eager, during and just before each node."""
+    c = schedule.cached
+    return sim._span(c[:, 0], c[:, 1], c[:, 2]), sim._span(c[:, 0], c[:, 1] + 1, c[:, 2])
+
+
+def evaluate_sac(sim: Simulator, schedule: SacSchedule, timeline: bool = False):
+    """:func:`~acstudio.simulate.shared.evaluate_shared` with the cached non-activation outputs added."""
+    return evaluate_shared(sim, schedule, timeline, extra=cache_memory(sim, schedule))
+
+
+class SacBlocks:
+    """Static SAC facts of a profile: each forward node's block, what it writes and reads, when blocks replay."""
+
+    def __init__(self, sim: Simulator) -> None:
+        from acstudio.plan.baselines import repeated_blocks  # the planner imports the simulator
+
+        self.sim = sim
+        profile, rg = sim.profile, sim.replay
+        nodes, index = profile.nodes, profile.node_index
+        fw = [i for i, nd in enumerate(nodes) if nd.region in FORWARD_REGIONS]
+        block_of = repeated_blocks(sorted({nodes[i].module for i in fw}))
+        self.block = [""] * len(nodes)
+        for i in fw:
+            self.block[i] = block_of.get(nodes[i].module, "")
+        self.blocks = sorted({b for b in self.block if b}, key=lambda b: self.block.index(b))
+        self.fw_nodes = {b: [i for i in fw if self.block[i] == b and nodes[i].op == "call_function"]
+                         for b in self.blocks}
+        created: dict[int, list[str]] = {}
+        # Forward storages that are not activations: (bytes, last node that needs them) by storage id, and by
+        # creating node. SAC holds a saved op's ones until the replay, and a block's arguments until its backward.
+        self.scratch: dict[str, tuple[int, int]] = {}
+        self.scratch_made: dict[int, list[str]] = {}
+        for t in profile.tensors:
+            i = index[t.created_at]
+            created.setdefault(i, []).append(t.id)
+            if t.id not in rg.act_index and t.bytes and nodes[i].region in FORWARD_REGIONS and t.freed_after:
+                self.scratch[t.id] = (t.bytes, index[t.freed_after])
+                self.scratch_made.setdefault(i, []).append(t.id)
+        # Activation indices each forward node writes (allocates, aliases or updates in place).
+        self.writes = {i: sorted({rg.act_index[s] for s in [*created.get(i, []), nodes[i].storage]
+                                  if s in rg.act_index}) for i in fw}
+        inputs = [[index[u] for u in nd.inputs] for nd in nodes]
+        stale = rg._stale
+        self.forced = {i: self._forced_reason(nodes[i], [stale[u] for u in inputs[i]]) for i in fw}
+        # First backward node reading a forward value of each block; last forward node backward reads.
+        self.replay_at: dict[str, int] = {}
+        self.stop: dict[str, int] = {}
+        self.backward_end: dict[str, int] = {}
+        for j, nd in enumerate(nodes):
+            if nd.region != "backward":
+                continue
+            for u in inputs[j]:
+                b = self.block[u]
+                if b:
+                    self.replay_at.setdefault(b, j)
+                    self.backward_end[b] = j
+                    self.stop[b] = max(self.stop.get(b, -1), u)
+        # Activations that leave their block in forward: the caller holds them, SAC cannot free them.
+        self.leaves = np.zeros(len(rg.bytes), dtype=bool)
+        for i in fw:
+            for u in inputs[i]:
+                if self.block[u] != self.block[i]:
+                    own = [k for k in self.writes.get(u, []) if self.block[rg.created[k]] == self.block[u]]
+                    self.leaves[own] = True
+        self.inputs = inputs
+
+    @staticmethod
+    def _forced_reason(node, reads_stale: list[bool]) -> str:
+        if node.replay.startswith("random"):
+            return "draws random numbers"
+        if node.replay.startswith("mutates") or node.target in STATEFUL_OPS:
+            return "updates module state"
+        if any(reads_stale):
+            return "reads a value overwritten later in forward"
+        return ""
+
+    @cached_property
+    def freeable(self) -> np.ndarray:
+        """Activations SAC can free at all: candidates created by an op of a block that do not leave it and
+        that no op with a forced save writes."""
+        rg = self.sim.replay
+        ok = rg.is_candidate & ~self.leaves
+        ok &= np.array([bool(self.block[c]) for c in rg.created], dtype=bool)
+        for i, why in self.forced.items():
+            if why:
+                ok[self.writes[i]] = False
+        return ok
+
+    def decide(self, recomputed: Collection[int]) -> tuple[dict[int, str], np.ndarray]:
+        """(decision per forward op of a block, mask of the activations the SAC form really frees).
+
+        Fixed point: an op that writes a kept activation is saved, which keeps everything else it writes.
+        """
+        n_act = len(self.sim.replay.bytes)
+        freed = np.zeros(n_act, dtype=bool)
+        freed[list(recomputed)] = True
+        freed &= self.freeable
+        while True:
+            save = {i: bool(self.forced[i]) or any(not freed[k] for k in self.writes[i])
+                    for b in self.blocks for i in self.fw_nodes[b]}
+            kept = [k for i, s in save.items() if s for k in self.writes[i] if freed[k]]
+            if not kept:
+                return {i: SAVE if s else RECOMPUTE for i, s in save.items()}, freed
+            freed[kept] = False
+
+    def schedule(self, recomputed: Collection[int]) -> SharedSchedule:
+        """One replay per block that frees something, in the order they run."""
+        rg, storage = self.sim.replay, [nd.storage for nd in self.sim.profile.nodes]
+        decision, freed = self.decide(recomputed)
+        n_act = len(rg.bytes)
+        back = np.full(n_act, -1, dtype=np.int64)
+        keep_until = np.full(n_act, -1, dtype=np.int64)
+        replays, held = [], {}
+        for b in self.blocks:
+            outputs = [int(k) for k in np.flatnonzero(freed) if self.block[rg.created[k]] == b]
+            if not outputs:
+                continue
+            at, stop = self.replay_at[b], self.stop[b]
+            held.update({t: at for i in self.fw_nodes[b] if decision[i] == SAVE for t in self.scratch_made.get(i, [])})
+            args = {storage[u] for i in self.fw_nodes[b] for u in self.inputs[i] if self.block[u] != b}
+            for t in args & self.scratch.keys():
+                held[t] = max(held.get(t, -1), self.backward_end[b] + 1)
+            nodes = np.array([i for i in self.fw_nodes[b] if i <= stop and decision[i] == RECOMPUTE], dtype=np.int64)
+            made = {k for i in nodes for k in self.writes[i]}
+            sources = sorted({k for i in nodes for u in self.inputs[i] for k in self.writes.get(u, [])
+                              if k not in made})
+            for s in sources:
+                if not freed[s]:
+                    keep_until[s] = max(keep_until[s], at)
+            back[outputs] = at
+            replays.append(Replay(at, tuple(outputs), tuple(outputs), tuple(sources), (), nodes,
+                                        float(rg.run_ms[nodes].sum()), rg.transient_bytes(outputs, nodes)))
+        replays.sort(key=lambda r: r.at)
+        cached = [(self.scratch[t][1] + 1, until - 1, self.scratch[t][0]) for t, until in held.items()]
+        return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3))
+
+
+def sac_blocks(sim: Simulator) -> SacBlocks:
+    """The simulator's :class:`SacBlocks`, built once."""
+    cached = getattr(sim, "_sac_blocks", None)
+    if cached is None:
+        cached = sim._sac_blocks = SacBlocks(sim)
+    return cached
+
+
+class ReplaySac(ReplayMode):
+    """Selective activation checkpointing around blocks, as :func:`acstudio.apply_plan` runs a plan."""
+
+    name = "sac"
+    summary = "selective checkpointing per block (acstudio.apply_plan; runs under torch.compile, FSDP2, DDP)"
+    shares_chains = True  # the closest the rewriter comes; a SAC plan is exported as a policy, not a step
+
+    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
+        return sac_blocks(sim).schedule(recomputed)
+
+    def evaluate(self, sim: Simulator, schedule: SacSchedule, timeline: bool = False):
+        return evaluate_sac(sim, schedule, timeline)
+
+
+SAC_MODE = register_mode(ReplaySac())
+
+
+@dataclass
+class SacForm:
+    """The SAC form of a recompute set: per wrapped block its forward ops with their decisions, the activation
+    ids it frees (a subset of the plan's), and its simulated memory and time."""
+
+    decisions: dict[str, list[tuple[str, str]]]  # wrapped block -> (node id, SAVE | RECOMPUTE), forward order
+    freed: list[str]
+    result: SimResult
+
+
+def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collection[str]) -> SacForm:
+    """Decisions, freed activations, peak, extra time and timeline of the SAC form of ``recomputed`` (ids)."""
+    sim = profile_or_simulator if isinstance(profile_or_simulator, Simulator) else Simulator(profile_or_simulator)
+    blocks = sac_blocks(sim)
+    decision, freed = blocks.decide(sim.indices(recomputed))
+    result = SAC_MODE.simulate(sim, recomputed)
+    nodes, created = sim.profile.nodes, sim.replay.created
+    wrapped = {blocks.block[created[k]] for k in np.flatnonzero(freed)}
+    decisions = {b: [(nodes[i].id, decision[i]) for i in blocks.fw_nodes[b]] for b in blocks.blocks if b in wrapped}
+    return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result)

@@ -1,0 +1,177 @@
+"""Plan -> selective activation checkpointing: the wrapped model trains like eager and holds what the SAC
+replay mode predicts."""
+
+import copy
+import functools
+import weakref
+
+import pytest
+import torch
+from conftest import tiny_spec
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from acstudio.capture import capture_step
+from acstudio.errors import ACStudioError
+from acstudio.export.apply import ModelMismatchError, apply_plan
+from acstudio.plan import plan as make_plan
+from acstudio.plan.model import Plan
+from acstudio.simulate.sac import RECOMPUTE, SAVE, cache_memory, sac_blocks, simulate_sac
+from acstudio.simulate.simulator import Simulator
+from acstudio.workload import build_workload
+from acstudio.workload.spec import make_optimizer
+
+MODELS = ("resnet18", "bert", "gpt2")
+
+
+@functools.cache
+def captured(model):
+    """(workload, profile): a CNN with BatchNorm, an encoder with dropout, a decoder with tied weights."""
+    from test_rewrite import quick_profile
+
+    kw = {"batch_size": 4, "image_size": 32} if model == "resnet18" else {}
+    spec = tiny_spec(model, optimizer="adam", **kw)
+    w = build_workload(spec)
+    step = capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn)
+    return w, quick_profile(spec, step)
+
+
+@functools.cache
+def plans(model):
+    """Plans (with dummy predictions) from two fixed baselines and μ-TWO at 80% of the peak."""
+    _, profile = captured(model)
+    sim = Simulator(profile)
+    sets = {name: make_plan(profile, profile.peak_bytes, name, simulator=sim).recomputed
+            for name in ("recompute-all", "per-module")}
+    sets["mutwo@0.8"] = make_plan(profile, int(profile.peak_bytes * 0.8), "mutwo", simulator=sim).recomputed
+    return {name: Plan(profile.fingerprint, name, 0, rc, [], 0, "", 0.0, True, "", 0, 0) for name, rc in sets.items()}
+
+
+def train(model, w, steps=2, seed=0):
+    """Two Adam steps; returns losses, gradients, parameters and buffers."""
+    opt = make_optimizer(w.spec.optimizer, model.parameters())
+    torch.manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = w.loss_fn(model, w.batch)
+        loss.backward()
+        out += [loss.detach(), *(p.grad.clone() for p in model.parameters())]
+        opt.step()
+    return [*out, *model.parameters(), *model.buffers()]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sac_wrapped_models_train_bitwise_like_eager(model):
+    w, profile = captured(model)
+    reference = train(copy.deepcopy(w.model), w)
+    wrapped_any = False
+    for name, plan in plans(model).items():
+        m = apply_plan(copy.deepcopy(w.model), (profile, plan))
+        wrapped_any |= any(hasattr(mod, "_acstudio_sac_inner_forward") for mod in m.modules())
+        for a, b in zip(train(m, w), reference, strict=True):
+            assert torch.equal(a, b), f"{model} {name}"
+    assert wrapped_any
+
+
+class LiveStorages(TorchDispatchMode):
+    """Bytes of the storages created by ops (not parameters, buffers or inputs) that are still alive."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                known = self.refs.get(id(s))
+                if known is None or known[0]() is not s:  # ids of dead storages are reused
+                    self.refs[id(s)] = (weakref.ref(s), s.nbytes())
+        return out
+
+    def live(self):
+        return sum(n for r, n in self.refs.values() if r() is not None)
+
+
+def held_at_backward(model, w):
+    """Bytes of op outputs alive when backward starts (what autograd and SAC hold for it, plus the loss)."""
+    torch.manual_seed(0)
+    with LiveStorages() as mode:
+        loss = w.loss_fn(model, w.batch)
+    held = mode.live()
+    loss.backward()
+    return held
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sac_mode_predicts_what_the_wrapped_model_holds(model):
+    """The SAC replay mode's activation bytes at the start of backward equal what the wrapped model holds."""
+    w, profile = captured(model)
+    sim = Simulator(profile)
+    blocks = sac_blocks(sim)
+    first_bw = next(i for i, nd in enumerate(profile.nodes) if nd.region == "backward")
+    base = held_at_backward(copy.deepcopy(w.model), w)
+    _, baseline = sim.activation_memory(*_arrays(sim, []))
+    seen = set()
+    for name, plan in plans(model).items():
+        held = held_at_backward(apply_plan(copy.deepcopy(w.model), (profile, plan)), w)
+        ks = sim.indices(plan.recomputed)
+        schedule = blocks.schedule(ks)
+        _, between = sim.activation_memory(schedule.back >= 0, schedule.keep_until, schedule.back)
+        saved = int(baseline[first_bw] - between[first_bw] - cache_memory(sim, schedule)[1][first_bw])
+        assert base - held == saved, f"{model} {name}"
+        seen.add(saved)
+    assert len(seen) > 1 and max(seen) > 0, "the plans should free different amounts"
+
+
+def _arrays(sim, ks):
+    import numpy as np
+
+    mask = np.zeros(len(sim.replay.bytes), dtype=bool)
+    mask[ks] = True
+    return mask, np.full(len(mask), -1, dtype=np.int64)
+
+
+def test_policy_follows_the_plan_op_by_op():
+    """Every op the wrapped model runs in a block gets the decision the SAC form recorded for it, and the
+    activations the plan frees are exactly those of recomputed ops."""
+    _, profile = captured("gpt2")
+    recomputed = plans("gpt2")["recompute-all"].recomputed
+    form = simulate_sac(profile, recomputed)
+    by_id = profile.node_by_id
+    decided = [how for ops in form.decisions.values() for _, how in ops]
+    assert SAVE in decided and RECOMPUTE in decided
+    freed = set(form.freed)
+    assert freed <= set(recomputed)
+    for ops in form.decisions.values():
+        for node_id, how in ops:
+            writes = {t.id for t in profile.tensors if t.created_at == node_id} & set(profile.activation_by_id)
+            if writes & freed:
+                assert how == RECOMPUTE, by_id[node_id].target
+    assert form.result.peak_bytes < profile.peak_bytes
+
+
+def test_a_model_that_differs_is_refused_naming_the_op():
+    w, profile = captured("gpt2")
+    plan = plans("gpt2")["recompute-all"]
+    other = copy.deepcopy(w.model)
+    other.transformer.h[0].mlp.act = torch.nn.ReLU()
+    apply_plan(other, (profile, plan))
+    with pytest.raises(ModelMismatchError, match=r"block transformer\.h\.0's op #\d+ ran aten\.relu\.default where "
+                                                 r"the profiled model ran aten\.\w+\.\w+ \(in transformer\.h\.0\.mlp"):
+        w.loss_fn(other, w.batch)
+    with pytest.raises(ACStudioError, match=r"no sac_policy\.json"):
+        apply_plan(copy.deepcopy(w.model), "/nonexistent")
+
+
+def test_sac_wrapped_model_compiles_unchanged_and_trains_like_eager():
+    """torch.compile (AOTAutograd, CPU) traces the SAC policy into the joint graph and trains bitwise like eager."""
+    w, profile = captured("gpt2")
+    reference = train(copy.deepcopy(w.model), w)
+    torch._dynamo.reset()
+    compiled = torch.compile(apply_plan(copy.deepcopy(w.model), (profile, plans("gpt2")["mutwo@0.8"])),
+                             backend="aot_eager")
+    for a, b in zip(train(compiled, w), reference, strict=True):
+        assert torch.equal(a, b)
