@@ -107,17 +107,20 @@ def cmd_plan(args) -> int:
     import pandas as pd
 
     from acstudio.plan.budget import format_bytes, parse_budget
+    from acstudio.plan.peak import explain_peak, floor_sentence
+    from acstudio.plan.schedule import PlanContext
     from acstudio.plan.solvers import plan, sweep
     from acstudio.profile.model import Profile
     from acstudio.simulate.modes import get_mode
     from acstudio.simulate.simulator import Simulator
 
     profile = per_rank(Profile.load(args.profile), args)
-    sim = Simulator(profile)
+    sim = Simulator(profile, keep_random=args.keep_random)
+    ctx = PlanContext(profile, sim)
     print(f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
-          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(sim.floor_bytes)}")
+          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(ctx.floor_bytes)}")
     if args.sweep:
-        table = sweep(profile, simulator=sim, progress=TerminalProgress(), cancel=args.cancel)
+        table = sweep(profile, progress=TerminalProgress(), cancel=args.cancel, ctx=ctx)
         if args.out:
             from acstudio.fileio import write_text
 
@@ -137,13 +140,16 @@ def cmd_plan(args) -> int:
     if not args.budget:
         raise ACStudioError("give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
-    result = plan(profile, budget, args.solver, simulator=sim, cancel=args.cancel)
+    result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx)
     state = "fits" if result.feasible else "INFEASIBLE"
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
           f"{get_mode(result.replay_mode).summary})")
     print(f"stopped: {result.stop_reason}")
+    print(explain_peak(ctx, result).summary())
+    if not result.feasible:
+        print(floor_sentence(ctx))
     if args.out:
         result.save(args.out)
         print(f"saved {args.out}")
@@ -254,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")
     p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
+    p.add_argument("--keep-random", action="store_true", help="never recompute random ops (dropout, attention "
+                   "with dropout); by default they are replayed with the RNG state their forward used")
     p.add_argument("--fsdp", type=int, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard per block)")
     p.add_argument("--ddp", type=int, metavar="N", help="plan for one of N ranks under DDP")
     p.set_defaults(func=cmd_plan)

@@ -164,3 +164,14 @@ def test_a_model_that_differs_is_refused_naming_the_op():
         w.loss_fn(other, w.batch)
     with pytest.raises(ACStudioError, match=r"no sac_policy\.json"):
         apply_plan(copy.deepcopy(w.model), "/nonexistent")
+
+
+def test_sac_wrapped_model_compiles_unchanged_and_trains_like_eager():
+    """torch.compile (AOTAutograd, CPU) traces the SAC policy into the joint graph and trains bitwise like eager."""
+    w, profile = captured("gpt2")
+    reference = train(copy.deepcopy(w.model), w)
+    torch._dynamo.reset()
+    compiled = torch.compile(apply_plan(copy.deepcopy(w.model), (profile, plans("gpt2")["mutwo@0.8"])),
+                             backend="aot_eager")
+    for a, b in zip(train(compiled, w), reference, strict=True):
+        assert torch.equal(a, b)

@@ -8,7 +8,9 @@ A plan is tied to one captured graph by ``profile_fingerprint``; loading it agai
 :mod:`acstudio.simulate.modes` (``"again"``: each recomputation replays its chain from kept tensors, μ-TWO's model;
 ``"shared"``: one replay also produces the recomputed activations it passes and keeps them until their last
 backward use). Files written before modes were named carry a bool ``share_chains`` instead; it is read as
-``"shared"`` / ``"again"``.
+``"shared"`` / ``"again"``. ``keep_random`` says whether random ops were left out (True, ``--keep-random``) or
+are replayed with the generator state their forward drew with (False, the default); the rewriter follows it, so
+verify and export rewrite what was planned.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Plan:
     activation_bytes: dict[str, int] = field(default_factory=dict)  # every activation of the profile
     excluded: dict[str, str] = field(default_factory=dict)  # activations that are not candidates, and why
     replay_mode: str = "again"  # a registered replay mode (see the module docstring)
+    keep_random: bool = False  # planned with random ops never recomputed (``--keep-random``); absent in old files
 
     # -- identity ------------------------------------------------------------------------------------------
     def check_profile(self, profile: Profile) -> None:
