@@ -75,8 +75,8 @@ def test_parse_size_reads_absolute_sizes_only():
     assert parse_size("16GiB") == 16 * 2**30
     assert parse_size("8000 MiB") == 8000 * 2**20
     assert parse_size("12GB") == 12 * 10**9
-    assert parse_size("1.5e9") == 1_500_000_000
-    for bad in ("60%", "lots", "-1GiB", "3 parsecs", "0"):
+    assert parse_size("1.5e9B") == 1_500_000_000
+    for bad in ("60%", "lots", "-1GiB", "3 parsecs", "0", "1.5e9"):
         with pytest.raises(ACStudioError):
             parse_size(bad)
 
