@@ -1,20 +1,32 @@
 """Command line: ``acstudio`` (no arguments: the desktop app) and ``acstudio SUBCOMMAND`` for the engine.
 
-Every subcommand is a thin wrapper over an engine function; user errors (:class:`ACStudioError`) print one
-clear line and exit with status 2, Ctrl-C cancels cleanly with status 130.
+Every subcommand is a thin wrapper over an engine function. It checks its output paths before any work, so a
+long measurement is never thrown away for want of a writable folder. Every failure prints one line,
+``acstudio: error: <what> — <what to do>``, and exits with status 2 (``--debug`` adds the traceback);
+Ctrl-C cancels cleanly with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shlex
 import sys
+import traceback
 
 from acstudio import __version__
-from acstudio.errors import ACStudioError, Cancelled
+from acstudio.errors import ACStudioError, Cancelled, describe_failure
+from acstudio.fileio import check_writable
 from acstudio.jobs import CancelToken, TerminalProgress
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the same one-line error as every other failure (usage stays in ``--help``)."""
+
+    def error(self, message: str):
+        self.exit(2, f"acstudio: error: {message} — see `{self.prog} --help`\n")
 
 
 def _parse_config(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -22,7 +34,7 @@ def _parse_config(items: list[str]) -> tuple[tuple[str, str], ...]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ACStudioError(f"--config expects key=value, got {item!r}")
+            raise ACStudioError(f"--config expects key=value, got {item!r} — e.g. --config num_hidden_layers=2")
         out.append((key.strip(), value.strip()))
     return tuple(out)
 
@@ -36,13 +48,31 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=512, help="transformers models (default 512)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field (repeatable), e.g. --config num_hidden_layers=2")
+    _add_optimizer_args(p)
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        beta1, beta2 = (float(b) for b in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers such as 0.9,0.999, got {text!r}") from None
+    return beta1, beta2
+
+
+def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
+    """Optimizer hyperparameters; unset ones keep the defaults the README states."""
+    p.add_argument("--lr", type=float, help="learning rate (default: sgd 0.01, adam/adamw 0.001)")
+    p.add_argument("--weight-decay", type=float, help="weight decay (default: adamw 0.01, sgd/adam 0)")
+    p.add_argument("--momentum", type=float, help="sgd momentum (default 0.9)")
+    p.add_argument("--betas", type=_betas, metavar="B1,B2", help="adam/adamw betas (default 0.9,0.999)")
 
 
 def _spec(args):
     from acstudio.workload import WorkloadSpec
 
     return WorkloadSpec(args.model, args.batch_size, optimizer=args.optimizer, precision=args.precision,
-                        image_size=args.image_size, seq_len=args.seq_len, config=_parse_config(args.config))
+                        image_size=args.image_size, seq_len=args.seq_len, config=_parse_config(args.config),
+                        lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum, betas=args.betas)
 
 
 def cmd_models(args) -> int:
@@ -60,6 +90,9 @@ def cmd_profile(args) -> int:
     from acstudio.profile.profiler import profile_workload
 
     spec = _spec(args)
+    check_writable(args.out)
+    if args.csv:
+        check_writable(args.csv, folder=True)
     command = "acstudio " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else None
     profile = profile_workload(spec, args.device, iterations=args.iterations, progress=TerminalProgress(),
                                cancel=args.cancel, command=command)
@@ -89,21 +122,42 @@ def thin_curve(table, solver: str, points: int):
     return table.drop(rows.index.difference(rows.index[keep]))
 
 
+def per_rank(profile, args):
+    """The profile as one rank of ``--fsdp N`` or ``--ddp N`` sees it (unchanged without either)."""
+    from acstudio.simulate.sharding import per_rank_profile
+
+    if args.fsdp and args.ddp:
+        raise ACStudioError("give --fsdp N or --ddp N, not both")
+    kind = "fsdp" if args.fsdp else "ddp" if args.ddp else None
+    if kind is None:
+        return profile
+    world = getattr(args, kind)
+    print(f"predicting one of {world} ranks under {kind} (the profile is of one rank's batch)")
+    return per_rank_profile(profile, world, kind)
+
+
 def cmd_plan(args) -> int:
     import pandas as pd
 
     from acstudio.plan.budget import format_bytes, parse_budget
+    from acstudio.plan.peak import explain_peak, floor_sentence
+    from acstudio.plan.schedule import PlanContext
     from acstudio.plan.solvers import plan, sweep
     from acstudio.profile.model import Profile
     from acstudio.simulate.modes import get_mode
     from acstudio.simulate.simulator import Simulator
 
-    profile = Profile.load(args.profile)
-    sim = Simulator(profile)
+    if args.out:
+        check_writable(args.out)
+    if args.schedule:
+        check_writable(args.schedule, folder=True)
+    profile = per_rank(Profile.load(args.profile), args)
+    sim = Simulator(profile, keep_random=args.keep_random)
+    ctx = PlanContext(profile, sim)
     print(f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
-          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(sim.floor_bytes)}")
+          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(ctx.floor_bytes)}")
     if args.sweep:
-        table = sweep(profile, simulator=sim, progress=TerminalProgress(), cancel=args.cancel)
+        table = sweep(profile, progress=TerminalProgress(), cancel=args.cancel, ctx=ctx)
         if args.out:
             from acstudio.fileio import write_text
 
@@ -121,15 +175,18 @@ def cmd_plan(args) -> int:
                   + (f"; all rows in {args.out})" if args.out else ")"))
         return 0
     if not args.budget:
-        raise ACStudioError("give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
+        raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
-    result = plan(profile, budget, args.solver, simulator=sim, cancel=args.cancel)
+    result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx)
     state = "fits" if result.feasible else "INFEASIBLE"
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
           f"{get_mode(result.replay_mode).summary})")
     print(f"stopped: {result.stop_reason}")
+    print(explain_peak(ctx, result).summary())
+    if not result.feasible:
+        print(floor_sentence(ctx))
     if args.out:
         result.save(args.out)
         print(f"saved {args.out}")
@@ -144,7 +201,14 @@ def _load_profile_and_plan(args):
     from acstudio.profile.model import Profile
 
     profile = Profile.load(args.profile)
-    return profile, Plan.load(args.plan, profile=profile)
+    plan = Plan.load(args.plan, profile=profile)
+    if not plan.feasible:
+        from acstudio.plan.budget import format_bytes
+
+        print(f"acstudio: warning: {args.plan} is INFEASIBLE: predicted peak {format_bytes(plan.predicted_peak_bytes)} "
+              f"exceeds its budget {format_bytes(plan.budget_bytes)} (AC floor {format_bytes(plan.floor_bytes)}); "
+              "going on, but the step will not fit that budget", file=sys.stderr)
+    return profile, plan
 
 
 def cmd_verify(args) -> int:
@@ -153,6 +217,8 @@ def cmd_verify(args) -> int:
     from acstudio.fileio import write_text
     from acstudio.rewrite.verify import verify
 
+    if args.json:
+        check_writable(args.json)
     profile, plan = _load_profile_and_plan(args)
     result = verify(profile, plan, args.device, progress=TerminalProgress(), cancel=args.cancel)
     print(result.summary())
@@ -164,9 +230,10 @@ def cmd_verify(args) -> int:
 def cmd_export(args) -> int:
     from acstudio.export.exporter import export
 
+    check_writable(args.out, folder=True)  # whether it may be replaced, export() decides
     profile, plan = _load_profile_and_plan(args)
     formats = [f for f in args.format.split(",") if f] if args.format else None
-    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress())
+    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress(), force=args.force)
     for path in paths:
         print(f"wrote {path}")
     names = {os.path.basename(p) for p in paths}
@@ -181,22 +248,25 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ACStudioError(f"expected comma-separated whole numbers, got {text!r}") from None
+        raise ACStudioError(f"expected comma-separated whole numbers, got {text!r} — e.g. 32,64,128") from None
     if not values:
-        raise ACStudioError("give at least one batch size")
+        raise ACStudioError("no batch size given — give at least one, e.g. -b 32")
     return values
 
 
 def cmd_bench(args) -> int:
     from acstudio.bench import run_bench
+    from acstudio.profile.profiler import resolve_device
 
     args.batch_size = 1
     spec = dataclasses.replace(_spec(args), seed=args.seed)
+    resolve_device(args.device)  # here, not in every configuration's process
+    check_writable(args.out, folder=True)
     results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
                         [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
                         progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
                         warmup=args.warmup, iters=args.iters, max_batch=args.max_batch, timeout_s=args.timeout,
-                        compile_backend=args.compile_backend)
+                        compile_backend=args.compile_backend, nproc=args.nproc)
     print(results.summary())
     print(f"results in {args.out} (bench.json, bench.csv, summary.md); plots: acstudio bench-plot {args.out}")
     return 0
@@ -205,18 +275,24 @@ def cmd_bench(args) -> int:
 def cmd_bench_plot(args) -> int:
     from acstudio.bench import plot_results
 
+    check_writable(args.out, folder=True)
     for path in plot_results(args.results, args.out):
         print(f"wrote {path}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="acstudio",
         description="Measure a whole PyTorch training step, plan activation checkpointing (mu-TWO), rewrite it. "
                     "Without a subcommand: open the desktop app (optionally on FILE).")
     parser.add_argument("--version", action="version", version=f"acstudio {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure (for bug reports)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # --debug is accepted after the subcommand too; SUPPRESS keeps a subcommand from resetting it to False.
+    debug = OneLineParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub.add_parser = functools.partial(sub.add_parser, parents=[debug])
 
     p = sub.add_parser("models", help="list the models that can be loaded")
     p.set_defaults(func=cmd_models)
@@ -240,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")
     p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
+    p.add_argument("--keep-random", action="store_true", help="never recompute random ops (dropout, attention "
+                   "with dropout); by default they are replayed with the RNG state their forward used")
+    p.add_argument("--fsdp", type=int, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard per block)")
+    p.add_argument("--ddp", type=int, metavar="N", help="plan for one of N ranks under DDP")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")
@@ -252,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write the plan as a drop-in step, a schedule and a SAC policy")
     p.add_argument("profile")
     p.add_argument("--plan", required=True)
-    p.add_argument("--out", "-o", required=True, help="output folder (replaced as a whole)")
+    p.add_argument("--out", "-o", required=True,
+                   help="output folder, replaced as a whole: a new folder or an earlier export")
+    p.add_argument("--force", action="store_true", help="replace --out even if it holds files AC Studio did not write")
     p.add_argument("--format", metavar="step,schedule,sac",
                    help="formats to write, comma-separated (default: every one that applies)")
     p.set_defaults(func=cmd_export)
@@ -265,10 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    _add_optimizer_args(p)
     p.add_argument("--configs", default="eager,per-block,captured,rewritten",
-                   help="comma-separated: eager, captured, per-block, compile, compile@R, rewritten, rewritten@B "
-                        "(B: a budget such as 6GiB or 60%%, or another configuration, e.g. rewritten@per-block "
-                        "plans for per-block's measured peak at the same batch size)")
+                   help="comma-separated: eager, captured, per-block, per-op, compile, compile@R, compile+per-block, "
+                        "compile+per-op, rewritten, rewritten@B, sac@B, sac+compile@B, and fsdp+/ddp+ before any "
+                        "of eager, per-block, per-op, sac@B (with --nproc) (B: a budget such as 6GiB or 60%%, or "
+                        "another configuration, e.g. rewritten@per-block plans for per-block's measured peak at "
+                        "the same batch size; per-block*1.15 for 1.15 times it)")
     p.add_argument("--budgets", default="60%", help="budgets for a bare `rewritten` (comma-separated)")
     p.add_argument("--fit-budget", help="also search the largest batch whose peak fits this size (e.g. 6GiB)")
     p.add_argument("--max-batch", type=int, default=4096)
@@ -278,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks (GPUs) for fsdp+/ddp+ configurations, run under torchrun; -b is per rank")
     p.add_argument("--out", "-o", default="bench_results")
     p.set_defaults(func=cmd_bench)
 
@@ -295,13 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)
-    if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
+    if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version", "--debug")):
         if argv and argv[0].startswith("-") and argv[0] not in GUI_FLAGS:
             parser.error(f"unknown option {argv[0]}")
         from acstudio.gui.app import main as gui_main
 
         return gui_main(argv)
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("--debug needs a command, e.g. acstudio --debug profile ...")
     args.cancel = CancelToken()
     try:
         return args.func(args)
@@ -312,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     except Cancelled as exc:
         print(f"acstudio: {exc}", file=sys.stderr)
         return 130
-    except ACStudioError as exc:
-        print(f"\nacstudio: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"\nacstudio: error: {describe_failure(exc)}", file=sys.stderr)
         return 2
 
 

@@ -123,7 +123,7 @@ def test_milp_is_the_exact_optimum_and_never_worse_than_mutwo(seed):
 def test_sweep_and_milp_size_limit(monkeypatch):
     p = random_profile(5, n_forward=12)
     table = sweep(p, milp_points=3)
-    assert set(table.solver) == {"auto", "mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp"}
+    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp"}
     mutwo = table[table.solver == "mutwo"]
     assert mutwo.peak_bytes.is_monotonic_decreasing and mutwo.extra_ms.is_monotonic_increasing
     assert (table[table.solver == "milp"].gap >= -1e-9).all()

@@ -16,7 +16,7 @@ from conftest import tiny_spec
 from acstudio.bench import BenchConfig, BenchResults, compare, expand_configs, parse_size, run_bench, search_max_batch
 from acstudio.bench.measure import StorageTracker
 from acstudio.bench.runner import bench_args, run_worker
-from acstudio.bench.steps import enable_per_block
+from acstudio.bench.steps import enable_per_block, per_op_context
 from acstudio.bench.worker import run_config
 from acstudio.errors import ACStudioError, Cancelled, DeviceError
 from acstudio.workload import WorkloadSpec, build_workload
@@ -141,7 +141,7 @@ def test_storage_tracker_counts_storages_once_until_freed():
 def bert_bench(tmp_path_factory):
     """One CPU run of tiny BERT in every configuration that needs no compiler (one process each)."""
     out = tmp_path_factory.mktemp("bench")
-    configs = ["eager", "per-block", "captured", "rewritten", "rewritten@per-block"]
+    configs = ["eager", "per-block", "captured", "rewritten", "rewritten@per-block", "per-op", "sac@per-block"]
     seen = []
     results = run_bench(tiny_spec("bert", batch_size=2, seq_len=32), [4], configs, ["50%"], device="cpu",
                         out_dir=out, warmup=1, iters=3, progress=lambda done, total, msg: seen.append((done, total)))
@@ -164,6 +164,8 @@ def test_run_bench_tiny_bert_on_cpu(bert_bench):
     assert rows["per-block"]["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-5)
     assert rows["per-block"]["details"]["checkpointed_blocks"] == 2
     assert rows["per-block"]["peak_bytes"] < rows["eager"]["peak_bytes"]
+    assert rows["per-op"]["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-5)
+    assert rows["per-block"]["peak_bytes"] <= rows["per-op"]["peak_bytes"] <= rows["eager"]["peak_bytes"]
     # the captured graph keeps the activations eager keeps
     assert rows["captured"]["peak_bytes"] == pytest.approx(rows["eager"]["peak_bytes"], rel=0.05)
     assert seen[-1][0] == seen[-1][1] == len(rows)
@@ -203,10 +205,24 @@ def test_rewritten_at_another_configurations_peak_plans_for_that_measured_peak(b
     row = rows["rewritten@per-block"]
     assert row["status"] == "ok", row["message"]
     assert row["details"]["budget_bytes"] == rows["per-block"]["peak_bytes"]
-    assert BenchConfig.parse("rewritten@compile@0.5").budget_reference == BenchConfig("compile", "0.5")
+    assert BenchConfig.parse("rewritten@compile@0.5").budget_reference.config == BenchConfig("compile", "0.5")
     assert BenchConfig.parse("rewritten@60%").budget_reference is None
-    with pytest.raises(ACStudioError, match="another rewritten"):
+    with pytest.raises(ACStudioError, match="another planned configuration"):
         BenchConfig.parse("rewritten@rewritten@50%")
+
+
+def test_sac_applies_the_plan_for_another_configurations_peak(bert_bench):
+    out, results, _ = bert_bench
+    rows = {r["config"]: r for r in results.compared()}
+    sac = rows["sac@per-block"]
+    assert sac["status"] == "ok", sac["message"]
+    assert sac["baseline"] == "eager" and sac["details"]["budget_bytes"] == rows["per-block"]["peak_bytes"]
+    assert sac["details"]["sac_blocks"] == 2 and sac["details"]["sac_freed_activations"] > 0
+    # the same dropout masks (RNG state preserved), fewer bytes than eager, and the SAC form's predicted peak
+    assert sac["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-5)
+    assert sac["peak_bytes"] < rows["eager"]["peak_bytes"]
+    assert abs(sac["peak_error_pct"]) < 3.0
+    assert len(list((out / "profiles").glob("bert_bs4_*_sac_*/sac_policy.json"))) == 1
 
 
 TINY_MLP = (
@@ -255,7 +271,7 @@ def test_out_of_memory_and_errors_are_recorded_not_raised(faulty, tmp_path):
     oom = run_config(worker_cfg(faulty("oom"), "eager"))
     assert oom["status"] == "oom" and oom["message"] == "does not fit: CUDA out of memory. Tried to allocate 2.00 GiB"
     err = run_config(worker_cfg(faulty("error"), "per-block"))
-    assert err["status"] == "error" and "per-block checkpointing needs a torchvision or transformers" in err["message"]
+    assert err["status"] == "error" and "need a torchvision or transformers model" in err["message"]
     err = run_config(worker_cfg(faulty("error"), "eager"))
     assert err["status"] == "error" and err["message"] == "ValueError: shape mismatch in layer 3"
     assert "forward" in err["traceback"] and err["config"] == "eager" and err["batch_size"] == 2
@@ -366,3 +382,49 @@ def test_gpu_bench_measures_allocator_peaks(tmp_path):
     oom = run_worker({**worker_cfg(WorkloadSpec(f"{tmp_path / 'huge.py'}:make", 2), "eager"), "device": "cuda"},
                      tmp_path / "oom", timeout_s=120)
     assert oom["status"] == "oom" and oom["message"].startswith("does not fit: CUDA out of memory")
+
+
+def test_per_op_saves_attention_and_every_second_matmul_and_keeps_gradients():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from acstudio.bench.steps import per_op_policy
+
+    policy, aten = per_op_policy(), torch.ops.aten
+
+    class Ctx:
+        is_recompute = False
+
+    decisions = [policy(Ctx, op) for op in (aten.addmm.default, aten.gelu.default, aten.mm.default,
+                                            aten._scaled_dot_product_flash_attention_for_cpu.default,
+                                            aten.bmm.default, aten.mm.default)]
+    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    assert decisions == [save, recompute, recompute, save, save, recompute]
+    Ctx.is_recompute = True  # the recomputation counts its own matmuls: the first one is saved again
+    assert policy(Ctx, aten.mm.default) == save
+
+    spec = tiny_spec("bert", batch_size=2)
+    plain, selective = build_workload(spec), build_workload(spec)
+    assert enable_per_block(selective, per_op_context) == 2
+    for w in (plain, selective):  # the same dropout masks: checkpointing replays them with the saved RNG state
+        torch.manual_seed(7)
+        w.loss_fn(w.model, w.batch).backward()
+    for (name, p), q in zip(plain.model.named_parameters(), selective.model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_config_registry_names_the_peers_and_budget_references():
+    configs = expand_configs(["per-op", "compile+per-block", "compile+per-op", "sac+compile@compile+per-block",
+                              "rewritten@per-block*1.15", "fsdp", "fsdp+per-block", "fsdp+sac@fsdp+per-block",
+                              "ddp+sac@ddp*0.5"], [])
+    assert [c.baseline for c in configs] == ["eager", "compile", "compile", "compile", "captured", None, "fsdp",
+                                             "fsdp", "ddp"]
+    assert [c.name for c in configs][-3:] == ["fsdp+per-block", "fsdp+sac@fsdp+per-block", "ddp+sac@ddp*0.5"]
+    scaled = configs[4].budget_reference
+    assert scaled.config == BenchConfig("per-block") and scaled.factor == 1.15
+    assert configs[7].budget_reference.config == BenchConfig("per-block", parallel="fsdp")
+    assert configs[8].budget_reference.config == BenchConfig("eager", parallel="ddp")
+    for bad, why in [("sac", "needs a budget"), ("fsdp+rewritten@50%", "single-device graph"),
+                     ("fsdp+sac@per-block", "same parallelism"), ("sac@per-block*-2", "positive"),
+                     ("sac@sac@60%", "another planned")]:
+        with pytest.raises(ACStudioError, match=why):
+            BenchConfig.parse(bad)

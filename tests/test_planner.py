@@ -140,10 +140,10 @@ def test_budget_parsing_and_formatting():
     assert parse_budget("6GiB", base) == 6 * 2**30
     assert parse_budget("5000MiB", base) == 5000 * 2**20
     assert parse_budget("1.5GB", base) == 1_500_000_000
-    assert parse_budget("123456", base) == 123456
+    assert parse_budget("123456B", base) == 123456
     assert parse_budget(" 60% ", base) == round(0.6 * base)
     assert parse_budget("2g", base) == 2 * 2**30
-    for bad in ("", "six GiB", "6 GiBs", "-1GiB", "0", "5 parsecs", "%"):
+    for bad in ("", "six GiB", "6 GiBs", "-1GiB", "0", "85", "5 parsecs", "%"):
         with pytest.raises(ACStudioError, match="budget"):
             parse_budget(bad, base)
     assert format_bytes(int(5.91 * 2**30)) == "5.91 GiB"
@@ -190,12 +190,13 @@ def test_real_profile_end_to_end(tmp_path):
     pl = traj.plan_for_budget(budget)
     _check_plan(p, sim, pl, budget)
     assert pl.feasible and pl.recomputed
-    decisions = pl.decisions(p)
-    assert any(d.startswith("not a candidate: ") and "random" in d for d in decisions.values())
+    kept = mutwo_trajectory(p, Simulator(p, keep_random=True)).plan_for_budget(budget)  # --keep-random
+    assert kept.keep_random and not pl.keep_random
+    assert any(d.startswith("not a candidate: ") and "random" in d for d in kept.decisions(p).values())
     pl.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json", profile=p).recomputed == pl.recomputed
     table = sweep(p, simulator=sim, milp_points=2)
-    assert set(table.solver) == {"auto", "mutwo", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp"}
+    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp"}
     milp = table[table.solver == "milp"]
     assert (milp.extra_ms <= milp.mutwo_extra_ms + 1e-9).all() and (milp.gap >= -1e-9).all()
 

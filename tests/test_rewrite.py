@@ -11,7 +11,7 @@ import torch.fx as fx
 from conftest import tiny_spec
 
 from acstudio.capture import capture_step
-from acstudio.capture.analysis import analyze, written_args
+from acstudio.capture.analysis import analyze, replay_rules, written_args
 from acstudio.capture.serialize import serialize_step
 from acstudio.errors import PlanMismatchError
 from acstudio.plan import plan as make_plan
@@ -72,6 +72,14 @@ def run_from(step, model, opt, optimizer_name, batch, seed=0):
     loss = step.run(m, o, batch)
     state = [v for p in m.parameters() for v in o.state[p].values()]
     return [loss, *(p.grad for p in m.parameters()), *m.parameters(), *m.buffers(), *state]
+
+
+def check_accounting(gm, profile, predicted: int, rg) -> None:
+    """The storage accounting of a rewritten graph equals the simulator's peak, except that the simulator keeps
+    each saved generator state until its last replay has finished while the graph frees it inside that replay,
+    right after setting it: at most every saved state above (see ReplayGraph.rng_spans)."""
+    actual = max(live_bytes(gm, profile))
+    assert actual <= predicted <= actual + rg.rng_state_bytes * rg.rng_nodes.size
 
 
 def backward_reads(gm, sids, holders, replays=True):
@@ -167,17 +175,20 @@ def test_shared_chains_replay_once():
 
 def test_refusals():
     _, _, _, step, profile = captured("bert")
-    blocked = next(a for a in profile.activations if not a.recomputable)
+    kept = replay_rules(profile, keep_random=True).activation
+    blocked = next(a for a in profile.activations if kept[a.id])
     with pytest.raises(RewriteError, match="random op"):
-        rewrite_step(step, profile, [blocked.id])
+        rewrite_step(step, profile, [blocked.id], keep_random=True)
     with pytest.raises(RewriteError, match="not an activation"):
         rewrite_step(step, profile, [profile.nodes[0].id])
 
-    # a replay that would have to run a random (or otherwise unsafe) node is refused, naming the node
-    target = next(r for a in candidates(profile) for r in rewrite_step(step, profile, [a]).recomputations
-                  if len(r.replay_nodes) > 1)
+    # a replay that would have to run an unsafe node (not one of the activation's own) is refused, naming it
+    holders = {t.id: {t.created_at, *t.aliases} for t in profile.tensors}
+    target, victim_id = next((r, n) for a in candidates(profile)
+                             for r in rewrite_step(step, profile, [a]).recomputations
+                             for n in r.replay_nodes if n not in holders[r.activation])
     tampered = copy.deepcopy(profile)
-    victim = tampered.node_by_id[target.replay_nodes[0]]
+    victim = tampered.node_by_id[victim_id]
     victim.replay = "random op (recomputing would draw new random numbers)"
     with pytest.raises(RewriteError, match=f"would replay {victim.id}.*random op"):
         rewrite_step(step, tampered, [target.activation])
@@ -230,14 +241,15 @@ class FusedDropoutNet(torch.nn.Module):
         return self.c(h)
 
 
-def test_dropout_is_replayed_from_its_kept_mask():
+def test_dropout_is_replayed_from_its_kept_mask_with_keep_random():
     torch.manual_seed(0)
     model = FusedDropoutNet()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
     step = capture_step(model, opt, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
     profile = quick_profile(tiny_spec("resnet18"), step)
-    new = rewrite_step(step, profile, candidates(profile))
+    kept = replay_rules(profile, keep_random=True).activation
+    new = rewrite_step(step, profile, [a.id for a in profile.activations if not kept[a.id]], keep_random=True)
     replayed = [n for n in new.gm.graph.nodes if n.meta.get("ac_role") == "recompute"]
     assert not any(n.target is torch.ops.aten.native_dropout.default for n in replayed), "no second draw"
     masks = {n.args[1] for n in replayed if n.target is torch.ops.aten.native_dropout_backward.default}

@@ -363,9 +363,12 @@ def test_real_profile_baseline_is_exact():
     assert r.timeline.sum(axis=1).tolist() == [nd.mem_peak for nd in p.nodes]
     assert (sim.baseline_peak, sim.baseline_peak_node) == (p.peak_bytes, p.peak_node)
     rg = sim.replay
-    dropout = [a for a in p.activations if not a.recomputable]
-    assert dropout and all(not rg.is_candidate[rg.act_index[a.id]] for a in dropout)
-    assert all("random" in rg.reason[rg.act_index[a.id]] for a in dropout)
+    # dropout masks are recomputed by replaying their draw, unless random ops are kept (--keep-random)
+    dropout = [a for a in p.activations if rg.rng_owned[rg.act_index[a.id]].size]
+    assert dropout and all(a.recomputable and rg.is_candidate[rg.act_index[a.id]] for a in dropout)
+    kept = Simulator(p, keep_random=True).replay
+    assert all(not kept.is_candidate[kept.act_index[a.id]] for a in dropout)
+    assert all("random" in kept.reason[kept.act_index[a.id]] for a in dropout)
     assert sim.floor_bytes < sim.baseline_peak
     # Every replay only runs forward nodes that may run again.
     mask = rg.is_candidate.copy()

@@ -53,3 +53,17 @@ def test_sweep_auto_is_the_lower_envelope():
         if row.solver == "mutwo" or row.replay_mode in REAL_MODES[row.solver]:
             below = auto[auto.peak_bytes <= row.peak_bytes]
             assert len(below) and below.extra_ms.min() <= row.extra_ms + 1e-9
+
+
+def test_peak_report_adds_up_to_the_predicted_peak():
+    from acstudio.plan.peak import explain_peak, floor_sentence
+
+    p = random_profile(7, n_forward=12)
+    ctx = PlanContext(p)
+    for budget in (ctx.floor_bytes, (ctx.floor_bytes + ctx.sim.baseline_peak) // 2, ctx.sim.baseline_peak):
+        chosen = plan(p, budget, ctx=ctx)
+        report = explain_peak(ctx, chosen)
+        assert report.node == chosen.predicted_peak_node and report.total == chosen.predicted_peak_bytes
+        assert report.freeable + report.fixed_activations + sum(report.parts.values()) == report.total
+        assert report.summary().startswith("peak ")
+    assert floor_sentence(ctx).startswith("the floor is ")

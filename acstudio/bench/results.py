@@ -28,10 +28,10 @@ SUMMARY_NAME = "summary.md"
 MiB = 2**20
 
 # Columns of the CSV, in this order; ``details.*`` columns (configuration-specific) follow.
-CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "phase", "device", "status", "message",
-               "peak_bytes", "peak_mib", "resident_bytes", "time_ms_median", "time_ms_q1", "time_ms_q3",
-               "time_ms_iqr", "overhead_pct", "time_vs_eager_pct", "memory_saving_pct", "budget_mib",
-               "predicted_peak_mib", "peak_error_pct", "fits_budget", "loss", "warmup", "iters",
+CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "parallel", "nproc", "phase", "device",
+               "status", "message", "peak_bytes", "rank_peak_bytes", "peak_mib", "resident_bytes", "time_ms_median",
+               "time_ms_q1", "time_ms_q3", "time_ms_iqr", "overhead_pct", "time_vs_eager_pct", "memory_saving_pct",
+               "budget_mib", "predicted_peak_mib", "peak_error_pct", "fits_budget", "loss", "warmup", "iters",
                "setup_s", "wall_s", "gpu", "torch", "cuda", "command")
 
 
@@ -50,6 +50,7 @@ def base_row(cfg: dict[str, Any]) -> dict[str, Any]:
     spec = cfg["spec"]
     return {
         "config": config.name, "kind": config.kind, "arg": config.arg, "baseline": config.baseline,
+        "parallel": config.parallel, "nproc": int(cfg.get("nproc", 1)) if config.parallel else 1,
         "model": spec["model"], "batch_size": spec["batch_size"], "device": cfg["device"],
         "iters": int(cfg["iters"]), "status": "ok", "message": "", "command": cfg.get("command", ""),
         "spec": spec,

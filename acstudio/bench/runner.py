@@ -62,7 +62,7 @@ def search_max_batch(fits: Callable[[int], bool], start: int, limit: int) -> int
 
 def bench_args(spec: WorkloadSpec, batch_sizes: list[int], configs: list[str], *, device: str, out_dir: str,
                warmup: int, iters: int, compile_backend: str, budgets: list[str] = (),
-               fit_budget: str | None = None, max_batch: int | None = None) -> str:
+               fit_budget: str | None = None, max_batch: int | None = None, nproc: int = 1) -> str:
     """The ``acstudio bench`` command line that repeats a run (or, with one batch and config, one row)."""
     args = shlex.split(spec.cli_args())
     args[args.index("--batch-size") + 1] = ",".join(str(b) for b in batch_sizes)
@@ -74,6 +74,8 @@ def bench_args(spec: WorkloadSpec, batch_sizes: list[int], configs: list[str], *
     args += ["--device", device, "--warmup", str(warmup), "--iters", str(iters), "--out", str(out_dir)]
     if compile_backend != "inductor":
         args += ["--compile-backend", compile_backend]
+    if nproc != 1:
+        args += ["--nproc", str(nproc)]
     if fit_budget:
         args += ["--fit-budget", fit_budget]
         if max_batch is not None:
@@ -109,7 +111,7 @@ def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: Can
     write_text(cfg_path, json.dumps(cfg, indent=1))
     deadline = time.monotonic() + timeout_s
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "acstudio.bench.worker", str(cfg_path)],
+        proc = subprocess.Popen(worker_command(cfg, cfg_path),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
                                 start_new_session=True)
         while True:
@@ -135,12 +137,22 @@ def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: Can
     return row
 
 
+def worker_command(cfg: dict[str, Any], cfg_path: Path) -> list[str]:
+    """One process, or ``torchrun`` with ``nproc`` ranks on this host for an ``fsdp+``/``ddp+`` configuration."""
+    worker = ["-m", "acstudio.bench.worker", str(cfg_path)]
+    if BenchConfig.parse(cfg["config"]).parallel is None:
+        return [sys.executable, *worker]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(cfg.get("nproc", 1)), *worker]
+
+
 class _Bench:
     """State of one ``run_bench`` call: the measurements so far, keyed by (config name, batch size)."""
 
     def __init__(self, spec: WorkloadSpec, out: Path, device: str, warmup: int, iters: int, compile_backend: str,
                  timeout_s: float, results: BenchResults, progress: ProgressFn | None,
-                 cancel: CancelToken | None) -> None:
+                 cancel: CancelToken | None, nproc: int = 1) -> None:
+        self.nproc = nproc
         self.spec, self.out, self.device = spec, out, device
         self.warmup, self.iters, self.compile_backend, self.timeout_s = warmup, iters, compile_backend, timeout_s
         self.results, self.progress, self.cancel = results, progress, cancel
@@ -156,20 +168,21 @@ class _Bench:
         report(self.progress, self.done, total, f"{config.name} at batch size {batch_size}")
         cfg = {
             "spec": spec.to_dict(), "config": config.name, "device": self.device, "warmup": self.warmup,
-            "iters": self.iters, "compile_backend": self.compile_backend,
+            "iters": self.iters, "compile_backend": self.compile_backend, "nproc": self.nproc,
             "profile_path": str(self.out / "profiles" / f"{profile_key(spec, self.device)}.json.gz"),
             "command": bench_args(spec, [batch_size], [config.name], device=self.device, out_dir=str(self.out),
-                                  warmup=self.warmup, iters=self.iters, compile_backend=self.compile_backend),
+                                  warmup=self.warmup, iters=self.iters, compile_backend=self.compile_backend,
+                                  nproc=self.nproc if config.parallel else 1),
         }
         reference = config.budget_reference
         if reference is not None:
-            ref_row = self.measure(reference, batch_size, phase, total)
+            ref_row = self.measure(reference.config, batch_size, phase, total)
             if ref_row["status"] != "ok" or not ref_row.get("peak_bytes"):
                 row = base_row(cfg) | {"status": "skipped", "phase": phase,
-                                       "message": f"no budget: {reference.name} has no measured peak at batch "
-                                                  f"size {batch_size} ({ref_row['status']})"}
+                                       "message": f"no budget: {reference.config.name} has no measured peak at "
+                                                  f"batch size {batch_size} ({ref_row['status']})"}
                 return self._record(key, row)
-            cfg["budget"] = f"{ref_row['peak_bytes']}B"
+            cfg["budget"] = f"{int(ref_row['peak_bytes'] * reference.factor)}B"
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
         row = run_worker(cfg, stem, timeout_s=self.timeout_s, cancel=self.cancel)
         row["phase"] = phase
@@ -193,14 +206,16 @@ def run_bench(spec_base: WorkloadSpec, batch_sizes: list[int], configs: list[str
               device: str = "cuda", out_dir: str | os.PathLike = "bench_results",
               progress: ProgressFn | None = None, cancel: CancelToken | None = None,
               fit_budget: str | None = None, *, warmup: int = 10, iters: int = 20, max_batch: int = 4096,
-              timeout_s: float = 1800.0, compile_backend: str = "inductor") -> BenchResults:
+              timeout_s: float = 1800.0, compile_backend: str = "inductor", nproc: int = 1) -> BenchResults:
     """Measure every configuration at every batch size, each in its own process; save and return the results.
 
     ``configs``: names as in :mod:`acstudio.bench.configs`; a bare ``rewritten`` means one ``rewritten@B``
     per entry of ``budgets``. With ``fit_budget`` (an absolute size such as ``16GiB``), the largest batch
     size whose measured peak stays within it is then searched (doubling, then bisection, up to
     ``max_batch``) for those of eager, per-block and rewritten that are benchmarked; rewritten is planned
-    for that same budget. Out-of-memory and failing configurations are recorded, never raised.
+    for that same budget. ``fsdp+``/``ddp+`` configurations run under ``torchrun`` with ``nproc`` ranks, each
+    training a batch of the given size (the global batch is ``nproc`` times that); the others in one process.
+    Out-of-memory and failing configurations are recorded, never raised.
     """
     expanded = expand_configs(list(configs), list(budgets))
     if not batch_sizes or min(batch_sizes) < 1:
@@ -213,6 +228,12 @@ def run_bench(spec_base: WorkloadSpec, batch_sizes: list[int], configs: list[str
                           "pass --device cpu for a CPU dry run (host-clock times, estimated peaks)")
     if dev.type not in ("cuda", "cpu"):
         raise DeviceError(f"unsupported device {device!r}; use cuda or cpu")
+    if nproc < 1:
+        raise ACStudioError(f"--nproc must be at least 1, not {nproc}")
+    if nproc > 1 and not any(c.parallel for c in expanded):
+        raise ACStudioError("--nproc runs fsdp+/ddp+ configurations (e.g. fsdp,fsdp+per-block); none was given")
+    if dev.type == "cuda" and nproc > torch.cuda.device_count():
+        raise DeviceError(f"--nproc {nproc} needs {nproc} GPUs; this machine has {torch.cuda.device_count()}")
     fit_bytes = parse_size(fit_budget) if fit_budget else None
     out = Path(out_dir)
     names = [c.name for c in expanded]
@@ -221,13 +242,15 @@ def run_bench(spec_base: WorkloadSpec, batch_sizes: list[int], configs: list[str
         "spec": spec_base.to_dict(), "batch_sizes": list(batch_sizes), "configs": names,
         "budgets": list(budgets), "device": device, "warmup": warmup, "iters": iters,
         "compile_backend": compile_backend, "fit_budget": fit_budget, "fit_budget_bytes": fit_bytes,
-        "max_batch": max_batch,
+        "max_batch": max_batch, "nproc": nproc,
         "command": bench_args(spec_base, list(batch_sizes), [str(c) for c in configs], budgets=list(budgets),
                               device=device, out_dir=str(out), warmup=warmup, iters=iters,
-                              compile_backend=compile_backend, fit_budget=fit_budget, max_batch=max_batch),
+                              compile_backend=compile_backend, fit_budget=fit_budget, max_batch=max_batch,
+                              nproc=nproc),
     }
     results = BenchResults(meta=meta)
-    bench = _Bench(spec_base, out, device, warmup, iters, compile_backend, timeout_s, results, progress, cancel)
+    bench = _Bench(spec_base, out, device, warmup, iters, compile_backend, timeout_s, results, progress, cancel,
+                   nproc)
     total = len(batch_sizes) * len(expanded)
     for bs in batch_sizes:
         for config in expanded:

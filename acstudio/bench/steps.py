@@ -32,6 +32,24 @@ class Prepared:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Request:
+    """What a worker asks for: the configuration, the workload, the device and where the plans come from.
+
+    ``budget`` is a planned configuration's budget as the runner resolved it (``rewritten@per-block`` becomes
+    per-block's measured peak in bytes); ``dist`` is set when the worker is one rank of a ``torchrun`` job, and
+    then ``spec`` is the global batch, of which each rank trains its slice.
+    """
+
+    config: BenchConfig
+    spec: WorkloadSpec
+    dev: torch.device
+    profile_path: str | None = None
+    compile_backend: str = "inductor"
+    budget: str | None = None
+    dist: Any = None  # acstudio.bench.distributed.Ranks
+
+
 def load(spec: WorkloadSpec, dev: torch.device) -> tuple[Workload, torch.optim.Optimizer]:
     workload = build_workload(spec).to(dev)
     return workload, workload.make_optimizer()
@@ -59,19 +77,20 @@ def eager_step(spec: WorkloadSpec, dev: torch.device, model: torch.nn.Module, op
     return step
 
 
-def prepare_eager(spec: WorkloadSpec, dev: torch.device) -> Prepared:
-    w, opt = load(spec, dev)
-    return Prepared(eager_step(spec, dev, w.model, opt, w.batch, w.loss_fn), w.model, opt, w.batch)
+def prepare_eager(req: Request) -> Prepared:
+    """A model step: the plain model, or (per the configuration) checkpointed, parallelized and compiled."""
+    return model_step(req, lambda workload: None)
 
 
-def prepare_per_block(spec: WorkloadSpec, dev: torch.device) -> Prepared:
-    w, opt = load(spec, dev)
-    blocks = enable_per_block(w)
-    return Prepared(eager_step(spec, dev, w.model, opt, w.batch, w.loss_fn), w.model, opt, w.batch,
-                    {"checkpointed_blocks": blocks})
+def prepare_per_block(req: Request) -> Prepared:
+    return model_step(req, lambda workload: {"checkpointed_blocks": enable_per_block(workload)})
 
 
-def prepare_compile(spec: WorkloadSpec, dev: torch.device, ratio: float | None, backend: str) -> Prepared:
+def prepare_per_op(req: Request) -> Prepared:
+    return model_step(req, lambda workload: {"checkpointed_blocks": enable_per_block(workload, per_op_context)})
+
+
+def prepare_compile(req: Request) -> Prepared:
     """``torch.compile`` of the model (forward and backward); the optimizer step stays eager, as users run it.
 
     The memory ratio is a process-wide functorch setting, which is one reason every configuration gets its
@@ -79,25 +98,47 @@ def prepare_compile(spec: WorkloadSpec, dev: torch.device, ratio: float | None, 
     """
     import torch._functorch.config as functorch_config
 
-    if ratio is not None:
-        functorch_config.activation_memory_budget = ratio
-    w, opt = load(spec, dev)
-    compiled = torch.compile(w.model, backend=backend)
-    return Prepared(eager_step(spec, dev, compiled, opt, w.batch, w.loss_fn), w.model, opt, w.batch,
-                    {"compile_backend": backend, "activation_memory_budget": functorch_config.activation_memory_budget})
+    if req.config.memory_ratio is not None:
+        functorch_config.activation_memory_budget = req.config.memory_ratio
+    prepared = prepare_eager(req)
+    prepared.info["activation_memory_budget"] = functorch_config.activation_memory_budget
+    return prepared
 
 
-def prepare_captured(spec: WorkloadSpec, dev: torch.device) -> Prepared:
+def model_step(req: Request, apply_checkpointing: Callable[[Workload], dict[str, Any] | None]) -> Prepared:
+    """Build the workload, checkpoint it, spread it over the ranks (FSDP2/DDP) and compile it, as configured.
+
+    The optimizer is made last, over the parameters as the parallel wrapper left them (FSDP2 shards them).
+    """
+    w = build_workload(req.spec)
+    info = apply_checkpointing(w) or {}
+    model = w.model
+    if req.dist is not None:
+        if req.config.spec.compiled:
+            raise ACStudioError(f"{req.config.name}: bench does not compile under {req.dist.kind} yet; "
+                                "benchmark compiled configurations on one device")
+        model = req.dist.wrap(w, find_blocks(w))
+    else:
+        w.to(req.dev)
+    if req.config.spec.compiled:
+        model = torch.compile(model, backend=req.compile_backend)
+        info["compile_backend"] = req.compile_backend
+    opt = w.make_optimizer()
+    return Prepared(eager_step(req.spec, req.dev, model, opt, w.batch, w.loss_fn), w.model, opt, w.batch, info)
+
+
+def prepare_captured(req: Request) -> Prepared:
     from acstudio.capture import capture_step
 
-    w, opt = load(spec, dev)
+    spec = req.spec
+    w, opt = load(spec, req.dev)
     step = capture_step(w.model, opt, w.batch, w.loss_fn,
                         autocast_dtype=torch.bfloat16 if spec.precision == "bf16" else None)
     return Prepared(lambda: step.run(w.model, opt, w.batch), w.model, opt, w.batch,
                     {"graph_nodes": len(step.gm.graph.nodes)})
 
 
-def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profile_path: str | None) -> Prepared:
+def prepare_rewritten(req: Request) -> Prepared:
     """The captured step rewritten by a mu-TWO plan at ``budget`` (e.g. ``60%`` or ``8GiB``).
 
     The whole profile -> plan -> rewrite pipeline lives here so that API changes touch one function. The
@@ -111,8 +152,9 @@ def prepare_rewritten(spec: WorkloadSpec, dev: torch.device, budget: str, profil
     from acstudio.plan.solvers import plan as plan_budget
     from acstudio.rewrite.rewriter import rewrite
 
-    profile = cached_profile(spec, dev, profile_path)
-    budget_bytes = parse_budget(budget, profile.peak_bytes)
+    spec, dev = req.spec, req.dev
+    profile = cached_profile(spec, dev, req.profile_path)
+    budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
     plan = plan_budget(profile, budget_bytes)
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
@@ -149,35 +191,35 @@ def scalar_fields(obj: Any) -> dict[str, Any]:
     return {k: v for k, v in items.items() if isinstance(v, (bool, int, float, str)) or v is None}
 
 
-def checkpoint_forward(module: torch.nn.Module) -> None:
-    """Run ``module`` under non-reentrant ``torch.utils.checkpoint``; its parameter names stay unchanged."""
+def checkpoint_forward(module: torch.nn.Module, context_fn: Callable | None = None) -> None:
+    """Run ``module`` under non-reentrant ``torch.utils.checkpoint`` (selective with ``context_fn``); its
+    parameter names stay unchanged."""
     forward = module.forward
+    extra = {} if context_fn is None else {"context_fn": context_fn}
 
     def checkpointed(*args, **kwargs):
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
     module.forward = checkpointed
 
 
-def enable_per_block(workload: Workload) -> int | None:
-    """Checkpoint every block the way practitioners do; returns how many blocks are checkpointed (if known).
+def find_blocks(workload: Workload) -> list[torch.nn.Module]:
+    """The repeated blocks practitioners checkpoint and shard one by one.
 
-    torchvision ResNets: every BasicBlock/Bottleneck of layer1..layer4. Other torchvision models: every child
-    of the main ``features`` or ``encoder.layers`` Sequential. Hugging Face models: their own
-    ``gradient_checkpointing_enable``.
+    Hugging Face models: their gradient-checkpointing layers (the transformer layers). torchvision ResNets:
+    every BasicBlock/Bottleneck of layer1..layer4; other torchvision models: every child of the main
+    ``features`` or ``encoder.layers`` Sequential.
     """
     model = workload.model
     if workload.family == "transformers":
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise ACStudioError(f"{workload.spec.model} does not support gradient checkpointing")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        try:
-            from transformers.modeling_layers import GradientCheckpointingLayer
-        except ImportError:  # transformers < 4.52 checkpoints inside each model's layer loop: nothing to count
-            return None
-        return sum(isinstance(m, GradientCheckpointingLayer) for m in model.modules())
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not blocks:
+            raise ACStudioError(f"{workload.spec.model} has no gradient-checkpointing layers to treat as blocks")
+        return blocks
     if workload.family != "torchvision":
-        raise ACStudioError("per-block checkpointing needs a torchvision or transformers model, "
+        raise ACStudioError("per-block checkpointing and sharding need a torchvision or transformers model, "
                             f"not {workload.spec.model}")
     from torchvision.models.resnet import BasicBlock, Bottleneck
 
@@ -190,23 +232,121 @@ def enable_per_block(workload: Workload) -> int | None:
         if not isinstance(main, torch.nn.Sequential):
             raise ACStudioError(f"{workload.spec.model}: no layer1..4, features or encoder.layers blocks to checkpoint")
         blocks = list(main.children())
-    for block in blocks:
-        checkpoint_forward(block)
+    return blocks
+
+
+def enable_per_block(workload: Workload, context_fn: Callable | None = None) -> int:
+    """Checkpoint every block the way practitioners do (Hugging Face: its own ``gradient_checkpointing_enable``);
+    with ``context_fn`` as selective checkpointing. Returns how many blocks are checkpointed."""
+    blocks = find_blocks(workload)
+    if workload.family == "transformers":
+        kwargs = {"use_reentrant": False} | ({} if context_fn is None else {"context_fn": context_fn})
+        workload.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        for block in blocks:
+            checkpoint_forward(block, context_fn)
     return len(blocks)
 
 
-def prepare(config: BenchConfig, spec: WorkloadSpec, dev: torch.device, *, profile_path: str | None = None,
-            compile_backend: str = "inductor", budget: str | None = None) -> Prepared:
-    """Build ``config``; ``budget`` overrides a rewritten step's own argument (the runner resolves
-    ``rewritten@per-block`` to the per-block peak it measured)."""
-    if config.kind == "eager":
-        return prepare_eager(spec, dev)
-    if config.kind == "per-block":
-        return prepare_per_block(spec, dev)
-    if config.kind == "compile":
-        return prepare_compile(spec, dev, config.memory_ratio, compile_backend)
-    if config.kind == "captured":
-        return prepare_captured(spec, dev)
-    if config.kind == "rewritten":
-        return prepare_rewritten(spec, dev, budget or config.arg or "", profile_path)
-    raise ACStudioError(f"unknown configuration {config.name}")
+def _aten_ops(*names: str) -> frozenset:
+    """The default overloads of the named aten ops this torch build has (the SDPA variants vary by version)."""
+    return frozenset(getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n))
+
+
+# torchtitan's op-level policy: matmul outputs (every second one recomputed) and attention outputs are saved.
+PER_OP_MATMULS = _aten_ops("mm", "addmm", "bmm")
+PER_OP_ATTENTION = _aten_ops(
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps")
+
+
+def per_op_policy() -> Callable:
+    """torchtitan's selective-checkpoint policy for one checkpointed block call.
+
+    MUST_SAVE the attention outputs and every odd-numbered matmul (mm/addmm/bmm, counted separately in the
+    forward and in the recomputation, so both agree), PREFER_RECOMPUTE everything else.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func in PER_OP_MATMULS:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[mode] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in PER_OP_ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def per_op_context():
+    """``context_fn`` of a per-op checkpoint: a fresh policy (fresh matmul counts) for every block call."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(per_op_policy())
+
+
+def prepare_sac(req: Request) -> Prepared:
+    """Our plan at the budget, exported as selective-checkpoint policies and applied to the model
+    (:func:`acstudio.apply_plan`), then run like any model step: eager or compiled, on one device or sharded.
+
+    The plan is made from the single-device profile of one rank's batch; under FSDP2/DDP that profile is first
+    turned into each rank's (:func:`acstudio.simulate.sharding.per_rank_profile`). Rank 0 profiles, plans and
+    exports; the others wait for it and apply the same export.
+    """
+    import acstudio
+
+    if not req.profile_path:
+        raise ACStudioError("a sac configuration needs a profile path (the plan is exported beside it)")
+    path = Path(req.profile_path)
+    plan_dir = path.parent / f"{path.name.partition('.')[0]}_sac_{_slug(req)}"
+    info: dict[str, Any] = {}
+    if req.dist is None or req.dist.rank == 0:
+        info = export_sac_plan(req, plan_dir)
+    if req.dist is not None:
+        info = req.dist.broadcast(info)
+
+    def apply(workload: Workload) -> dict[str, Any]:
+        workload.model = acstudio.apply_plan(workload.model, plan_dir)
+        return info
+
+    return model_step(req, apply)
+
+
+def _slug(req: Request) -> str:
+    """Budget and parallelism as a folder name: every rank finds the same export."""
+    text = f"{req.budget or req.config.arg}_{f'{req.dist.kind}{req.dist.world}' if req.dist else 'single'}"
+    return "".join(c if c.isalnum() or c == "." else "_" for c in text)
+
+
+def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
+    """Profile (cached), plan at the resolved budget, export the SAC policy (``--format sac``) into
+    ``plan_dir``; returns the plan's summary, with the SAC form's predicted peak and extra time."""
+    from acstudio.export.sac import SacPolicy
+    from acstudio.plan import plan as make_plan
+    from acstudio.plan.budget import parse_budget
+
+    local = req.spec if req.dist is None else req.dist.local_spec(req.spec)
+    profile = cached_profile(local, req.dev, req.profile_path)
+    if req.dist is not None:
+        from acstudio.simulate.sharding import per_rank_profile
+
+        profile = per_rank_profile(profile, req.dist.world, req.dist.kind)
+    budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
+    plan = make_plan(profile, budget_bytes)
+    policy = SacPolicy.from_plan(profile, plan.recomputed)
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    policy.save(plan_dir)
+    summary = scalar_fields(plan) | {"predicted_peak_bytes": policy.predicted_peak_bytes,
+                                     "predicted_extra_ms": policy.predicted_extra_ms,
+                                     "feasible": policy.predicted_peak_bytes <= budget_bytes}
+    return {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
+            "profile_iteration_ms": profile.iteration_ms, "plan": summary, "sac_blocks": len(policy.blocks),
+            "recomputed_activations": len(plan.recomputed), "sac_freed_activations": len(policy.freed)}
+
+
+def prepare(req: Request) -> Prepared:
+    """Build ``req.config`` with its registered builder (:data:`acstudio.bench.configs.KINDS`)."""
+    return globals()[req.config.spec.builder](req)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from acstudio.bench.configs import BenchConfig
+from acstudio.bench.distributed import Ranks, local_state_bytes
 from acstudio.bench.measure import (
     allocator_counters,
     environment,
@@ -35,7 +36,7 @@ from acstudio.bench.measure import (
     time_steps,
 )
 from acstudio.bench.results import base_row
-from acstudio.bench.steps import prepare
+from acstudio.bench.steps import Request, prepare
 from acstudio.errors import DeviceError
 from acstudio.workload import WorkloadSpec
 
@@ -44,36 +45,68 @@ COMPILE_EXTRA_WARMUP = 5
 
 
 def measure(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Build the configuration, warm it up, take the peak of one full step, then time ``iters`` steps."""
+    """Build the configuration, warm it up, take the peak of one full step, then time ``iters`` steps.
+
+    Under torchrun (an ``fsdp+``/``ddp+`` configuration) every rank measures itself and the row holds every
+    rank's peak (``rank_peak_bytes``; ``peak_bytes`` is the largest), rank 0's step times, and the losses
+    averaged over the ranks.
+    """
     dev = torch.device(cfg["device"])
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError("this worker was asked for CUDA but no CUDA GPU is available")
     torch.backends.cudnn.benchmark = False
     spec = WorkloadSpec.from_dict(cfg["spec"])
     config = BenchConfig.parse(cfg["config"])
+    ranks = Ranks.start(config.parallel, dev.type) if config.parallel else None
+    if ranks is not None:
+        dev, spec = ranks.device, ranks.global_spec(spec)
     t0 = time.perf_counter()
-    prepared = prepare(config, spec, dev, profile_path=cfg.get("profile_path"),
-                       compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"))
+    prepared = prepare(Request(config, spec, dev, profile_path=cfg.get("profile_path"),
+                               compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"),
+                               dist=ranks))
     setup_s = time.perf_counter() - t0
+    losses: list[torch.Tensor] = []
+
+    def step() -> torch.Tensor:
+        loss = prepared.step()
+        losses.append(loss)
+        return loss
+
     # The same random stream for every configuration, so dropout masks (and so losses) agree step by step.
     torch.manual_seed(spec.seed + 1)
-    warmup = int(cfg["warmup"]) + (COMPILE_EXTRA_WARMUP if config.kind == "compile" else 0)
+    warmup = int(cfg["warmup"]) + (COMPILE_EXTRA_WARMUP if config.spec.compiled else 0)
     for _ in range(warmup):
-        prepared.step()
+        step()
     out: dict[str, Any] = {"setup_s": round(setup_s, 3), "warmup": warmup, "details": prepared.info}
-    if dev.type == "cpu" and config.kind == "compile":
-        # Compiled kernels allocate outside the dispatcher, where storage accounting cannot see them.
+    if dev.type == "cpu" and (config.spec.compiled or ranks is not None):
+        # Compiled kernels allocate outside the dispatcher, and sharded tensors hide their storage from it:
+        # storage accounting cannot see either.
         peak = resident = None
-        loss = prepared.step()
+        loss = step()
     else:
         peak, resident, loss = step_peak_bytes(
-            prepared.step, dev, lambda: resident_tensors(prepared.model, prepared.optimizer, prepared.batch))
+            step, dev, lambda: resident_tensors(prepared.model, prepared.optimizer, prepared.batch))
     before = allocator_counters(dev)
-    times = time_steps(prepared.step, int(cfg["iters"]), dev)
+    times = time_steps(step, int(cfg["iters"]), dev)
     if before:
         out["details"]["allocator_during_timing"] = {k: v - before[k] for k, v in allocator_counters(dev).items()}
-    out.update(peak_bytes=peak, resident_bytes=resident, loss=float(loss), times_ms=times, **summarize_ms(times))
+    out.update(peak_bytes=peak, resident_bytes=resident, loss=float(loss), times_ms=times, **summarize_ms(times),
+               losses=[float(v) for v in losses])
+    if ranks is not None:
+        out.update(across_ranks(ranks, out, local_state_bytes(prepared.model, prepared.optimizer)))
     return out
+
+
+def across_ranks(ranks: Ranks, mine: dict[str, Any], state_bytes: dict[str, int]) -> dict[str, Any]:
+    """Every rank's peak and state bytes; the losses (and the loss) averaged over ranks, which is the loss of
+    the global batch when every rank's slice counts as many targets."""
+    gathered = ranks.gather({"peak_bytes": mine["peak_bytes"], "resident_bytes": mine["resident_bytes"],
+                             "losses": mine["losses"], "state_bytes": state_bytes})
+    peaks = [g["peak_bytes"] for g in gathered]
+    losses = [sum(step) / ranks.world for step in zip(*(g["losses"] for g in gathered))]
+    return {"nproc": ranks.world, "rank_peak_bytes": peaks, "peak_bytes": None if None in peaks else max(peaks),
+            "rank_resident_bytes": [g["resident_bytes"] for g in gathered], "losses": losses,
+            "loss": losses[-1], "rank_state_bytes": [g["state_bytes"] for g in gathered]}
 
 
 def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +140,9 @@ def read_config(argv: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the row (under torchrun: rank 0 prints it; a failing rank exits 1 so torchrun stops the job)."""
     cfg = read_config(list(sys.argv[1:] if argv is None else argv))
+    rank = int(os.environ.get("RANK", "0"))
     # Route everything printed while measuring (also by C++ code) to stderr; stdout gets only the result.
     saved = os.dup(1)
     sys.stdout.flush()
@@ -118,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-    print(json.dumps(row), flush=True)
-    return 0
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(row), flush=True)
+    return 0 if row["status"] == "ok" or "RANK" not in os.environ else 1
 
 
 if __name__ == "__main__":

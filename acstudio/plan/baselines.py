@@ -45,11 +45,18 @@ def repeated_blocks(modules: list[str]) -> dict[str, str]:
     return out
 
 
-def per_module(ctx: PlanContext) -> list[int]:
-    """Candidates created inside a repeated block and not read by forward nodes outside that block."""
-    rg, nodes = ctx.rg, ctx.profile.nodes
+def node_blocks(ctx: PlanContext) -> list[str]:
+    """Per node: the repeated block its module belongs to (``""`` outside every block, and for non-forward nodes)."""
+    nodes = ctx.profile.nodes
     block_of = repeated_blocks(sorted({nd.module for nd in nodes if nd.region in FORWARD_REGIONS}))
-    block = [block_of.get(nd.module, "") for nd in nodes]
+    return [block_of.get(nd.module, "") if nd.region in FORWARD_REGIONS else "" for nd in nodes]
+
+
+def block_members(ctx: PlanContext) -> dict[str, list[int]]:
+    """Per repeated block, in forward order: its candidates (creation order) that no forward node outside the
+    block reads, i.e. what checkpointing the block frees."""
+    rg, nodes = ctx.rg, ctx.profile.nodes
+    block = node_blocks(ctx)
     leaves = np.zeros(len(rg.bytes), dtype=bool)
     for r, nd in enumerate(nodes):
         if nd.region not in FORWARD_REGIONS:
@@ -58,7 +65,17 @@ def per_module(ctx: PlanContext) -> list[int]:
             k = rg.act_index.get(nodes[ctx.profile.node_index[u]].storage)
             if k is not None and block[rg.created[k]] != block[r]:
                 leaves[k] = True
-    return [k for k in rg.candidates if block[rg.created[k]] and not leaves[k]]
+    members: dict[str, list[int]] = {}
+    for k in sorted(rg.candidates, key=lambda k: (rg.created[k], k)):
+        b = block[rg.created[k]]
+        if b and not leaves[k]:
+            members.setdefault(b, []).append(k)
+    return members
+
+
+def per_module(ctx: PlanContext) -> list[int]:
+    """Candidates created inside a repeated block and not read by forward nodes outside that block."""
+    return [k for ks in block_members(ctx).values() for k in ks]
 
 
 def articulation_points(ctx: PlanContext) -> list[int]:

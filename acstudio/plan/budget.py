@@ -8,7 +8,7 @@ import re
 from acstudio.errors import ACStudioError
 
 _UNITS = {
-    "": 1, "b": 1,
+    "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
@@ -17,25 +17,29 @@ _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*|%)\s*$"
 
 
 def parse_budget(text: str, baseline_peak_bytes: int) -> int:
-    """Bytes for ``text``: a number with an optional unit, or a percentage of the baseline (no-AC) peak.
+    """Bytes for ``text``: a number with a unit, or a percentage of the baseline (no-AC) peak.
 
     Units: B; KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB and the short K, M, G, T (powers of 1024).
+    A bare number is refused: "85" meant as 85% or 85 GiB would silently be 85 bytes.
     """
     m = _PATTERN.match(str(text))
     if not m:
         raise ACStudioError(
-            f"cannot read the memory budget {text!r}: give a size such as 6GiB, 5000MiB, 1.5GB or 123456 "
-            "(bytes), or a percentage of the peak without checkpointing such as 60%")
+            f"cannot read the memory budget {text!r} — give a size such as 6GiB, 5000MiB or 1.5GB, or a "
+            "percentage of the peak without checkpointing such as 60%")
     value, unit = float(m.group(1)), m.group(2).lower()
+    if not unit:
+        raise ACStudioError(f"the memory budget {text!r} has no unit — write {m.group(1)}% (of the peak without "
+                            f"checkpointing), {m.group(1)}MiB or {m.group(1)}GiB ({m.group(1)}B for bytes)")
     if unit == "%":
         nbytes = value / 100 * baseline_peak_bytes
     elif unit in _UNITS:
         nbytes = value * _UNITS[unit]
     else:
-        raise ACStudioError(f"unknown unit {m.group(2)!r} in memory budget {text!r}; use B, KB, MB, GB, KiB, "
-                            "MiB, GiB (or K, M, G) or %")
+        raise ACStudioError(f"unknown unit {m.group(2)!r} in the memory budget {text!r} — use B, KB, MB, GB, "
+                            "KiB, MiB, GiB (or K, M, G) or %")
     if not math.isfinite(nbytes) or nbytes < 1:
-        raise ACStudioError(f"the memory budget must be at least one byte, got {text!r}")
+        raise ACStudioError(f"the memory budget must be at least one byte, got {text!r} — give a positive size")
     return round(nbytes)
 
 

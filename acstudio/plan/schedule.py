@@ -66,7 +66,8 @@ class PlanContext:
             recomputed=[self.rg.act_ids[k] for k in recomputed], schedule=entries, predicted_peak_bytes=int(peak),
             predicted_peak_node=peak_node, predicted_extra_ms=float(extra_ms), feasible=feasible,
             stop_reason=stop_reason, floor_bytes=self.floor_bytes, baseline_peak_bytes=self.sim.baseline_peak,
-            activation_bytes=self.activation_bytes, excluded=self.excluded, replay_mode=replay_mode)
+            activation_bytes=self.activation_bytes, excluded=self.excluded, replay_mode=replay_mode,
+            keep_random=self.rg.keep_random)
 
     def plan_for_set(self, solver: str, budget: int, recomputed: list[int], stop_reason: str | None = None,
                      mode: str = "again", ratios: dict[int, float] | None = None) -> Plan:

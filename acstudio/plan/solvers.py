@@ -83,6 +83,16 @@ def solve_milp(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = No
     return ctx.plan_for_set("milp", budget, chosen, BASELINE_FITS if not chosen else f"{BUDGET_MET} (optimal)")
 
 
+@solver("blocks", "shared-chain search over the repeated blocks: per-block checkpointing, then keep back what "
+                  "saves the most time per byte")
+def solve_blocks(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    from acstudio.plan.blocks import block_search
+
+    if ctx.sim.baseline_peak <= budget:
+        return ctx.plan_for_set("blocks", budget, [], BASELINE_FITS)
+    return block_search(ctx, cancel).plan_for_budget(budget, cancel)
+
+
 # -- fixed baselines -------------------------------------------------------------------------------------------
 
 def fixed_plans(ctx: PlanContext, name: str, budget: int) -> list[Plan]:
@@ -109,7 +119,7 @@ for _name, _summary in baselines.SUMMARIES.items():
 
 # -- the default -------------------------------------------------------------------------------------------------
 
-KNOWN = ("mutwo", "per-module", "sqrt-n", "recompute-all", "keep-all")
+KNOWN = ("mutwo", "blocks", "per-module", "sqrt-n", "recompute-all", "keep-all")
 
 
 @solver("auto", "the fastest plan of every solver above that fits (never beaten by a plan it knows)")
@@ -140,7 +150,8 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
           ctx: PlanContext | None = None) -> pd.DataFrame:
     """Pareto table of every solver under the same simulator: one row per (solver, operating point).
 
-    μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the fixed baselines
+    μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the block search
+    states spread along its sequence (shared chains), the fixed baselines
     one row per replay mode (their budget is their own peak; ``note`` marks the mode their real counterpart runs
     in), ``auto`` the lower envelope of all those points, and ``milp`` the exact optimum at up to ``milp_points``
     budgets taken from the μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` there.
@@ -173,6 +184,13 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
                 points.append((p.predicted_peak_bytes, p.predicted_extra_ms, len(p.recomputed), mode, name))
             if not p.recomputed:
                 break  # keep-all: the same in every mode
+    if {"blocks", "auto"} & solvers:
+        from acstudio.plan.blocks import block_search
+
+        for pk, ms, n in block_search(ctx, cancel).curve():
+            points.append((pk, ms, n, "shared", "blocks"))
+            if "blocks" in solvers:
+                row("blocks", pk, ms, n, "shared")
     if "mutwo" in solvers:
         rows[:0] = [{"solver": "mutwo", "budget_bytes": pk, "peak_bytes": pk, "extra_ms": ms, "n_recomputed": n,
                      "replay_mode": mode} for pk, ms, n, mode, src in points if src == "mutwo"]

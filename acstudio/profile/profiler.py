@@ -26,18 +26,25 @@ from acstudio.capture.serialize import serialize_step
 from acstudio.errors import ACStudioError, Cancelled, DeviceError, OutOfMemoryError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.profile.model import CATEGORIES, Profile
-from acstudio.workload import WorkloadSpec, build_workload
+from acstudio.workload import WorkloadSpec
+from acstudio.workload.memory import build_fitting
 
 _REPORT_EVERY = 64  # nodes between progress callbacks / cancel checks
 MemoryFn = Callable[[int, list[int], int], None]  # (first node index, peak bytes per node, nodes in the graph)
 
 
 def resolve_device(device: str) -> torch.device:
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise DeviceError(f"unknown device {device!r} — use cuda, cuda:N or cpu") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda was requested but no CUDA GPU is available here; use --device cpu")
+        raise DeviceError("--device cuda was requested but no CUDA GPU is available here — use --device cpu")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise DeviceError(f"{device}: this machine has {torch.cuda.device_count()} CUDA GPU(s) — use cuda:0 .. "
+                          f"cuda:{torch.cuda.device_count() - 1}")
     if dev.type not in ("cuda", "cpu"):
-        raise DeviceError(f"unsupported device {device!r}; use cuda or cpu")
+        raise DeviceError(f"unsupported device {device!r} — use cuda, cuda:N or cpu")
     return dev
 
 
@@ -258,13 +265,14 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
                      command: str | None = None, on_memory: MemoryFn | None = None) -> Profile:
     """Build, capture and measure one training iteration of ``spec`` on ``device``; return its ``Profile``."""
     if iterations < 3:
-        raise ACStudioError("at least 3 measured iterations are needed for a median")
+        raise ACStudioError(f"{iterations} measured iterations give no median — give --iterations 3 or more")
     dev = resolve_device(device)
     stage = "building the model"
     workload = step = flat = None
     try:
         report(progress, 0, 1, stage)
-        workload = build_workload(spec).to(dev)
+        workload = build_fitting(spec, dev).to(dev)
+        spec = workload.spec  # a custom factory's own optimizer names the optimizer
         optimizer = workload.make_optimizer()
         check(cancel)
         stage = "capturing the training step"

@@ -32,11 +32,12 @@ def live_bytes(gm: fx.GraphModule, profile: Profile) -> list[int]:
     end: dict[str, int] = {}
     pos = {n: i for i, n in enumerate(nodes)}
     for i, n in enumerate(nodes):
+        size.update(n.meta.get("ac_sizes", {}))  # storages the rewriter adds (saved generator states)
         last = max((pos[u] for u in n.users if u is not output), default=i)
         for key in _keys(n, storages):
             start.setdefault(key, i)
             end[key] = max(end.get(key, i), last)
-    return bytes_alive(((s, None if key in forever else end[key], size[key.partition("@")[0]])
+    return bytes_alive(((s, None if key in forever else end[key], size.get(key) or size[key.partition("@")[0]])
                         for key, s in start.items()), len(nodes))
 
 

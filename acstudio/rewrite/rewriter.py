@@ -18,9 +18,23 @@ predicts exactly (replay mode ``"again"``). A mode whose ``shares_chains`` is se
 one replay also produce it (dodrio's ``rcomp_outs``): fewer replayed ops, but it is then held from the earlier
 insertion point (:mod:`acstudio.simulate.shared` predicts that exactly; a plan names the mode it was priced for in
 ``Plan.replay_mode``).
-Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward), and
-``native_dropout`` (CUDA's fused dropout) as ``native_dropout_backward`` on the mask it drew in forward, which is
-kept: the same masked scale, no second draw.
+Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward).
+
+Random ops (dropout, ``native_dropout``, ``bernoulli_``, SDPA with dropout, ``rand*``) are replayed with the
+generator state their forward drew with, so a replay draws the very same numbers and the rewritten step stays
+bitwise identical to the captured one. Right before such an op in forward the rewriter inserts nodes that save
+the CPU generator state and the states of the devices of the op's tensor inputs (``torch.get_rng_state`` and
+``torch.utils.checkpoint.get_device_states``: CUDA's Philox seed and offset); each replayed copy is bracketed by
+nodes that save the current states, set the saved ones, and restore the current ones right after the op, so
+whatever draws later in the step is unaffected. This is what ``torch.utils.checkpoint(preserve_rng_state=True)``
+does for a whole region, done per op. It was chosen over the ``run_and_save_rng_state`` / ``run_with_rng_state``
+higher-order ops (torch/_prims/rng_prims.py, what AOTAutograd's RNG functionalization inserts) because those
+replace the forward op by a HOP returning ``(state, output)``: the captured node would change its output, and
+every consumer and storage keyed by its id with it, while the get/set nodes leave every captured node as it is
+(one graph, stable ids, original kernels and masks) and generate plain torch calls, so exported steps still need
+torch alone; the HOPs are also private API that moved between torch releases. With ``keep_random`` random ops
+are never replayed (the older rule) and ``native_dropout`` (CUDA's fused dropout) is replayed as
+``native_dropout_backward`` on the mask it drew in forward, which is kept: the same masked scale, no second draw.
 """
 
 from __future__ import annotations
@@ -32,13 +46,15 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from torch.utils.checkpoint import get_device_states, set_device_states
 
-from acstudio.capture.analysis import BATCH_NORM_OPS, written_args
+from acstudio.capture.analysis import BATCH_NORM_OPS, replay_rules, written_args
 from acstudio.capture.serialize import target_name
 from acstudio.capture.step import CapturedStep
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
+from acstudio.simulate.replay import RNG_STATE_BYTES
 
 RESIDENT_CATEGORIES = {"parameter", "buffer", "optimizer_state", "input"}
 FORWARD_REGIONS = ("forward", "loss")
@@ -74,10 +90,12 @@ class RewrittenStep(CapturedStep):
 
 
 class PlannedActivations(list):
-    """A plan's recomputed activation ids, carrying how the plan replays them (``Plan.replay_mode``), so that
-    callers passing them on to :func:`rewrite_step` (verify, export) rewrite the step the plan was priced for."""
+    """A plan's recomputed activation ids, carrying how the plan replays them (``Plan.replay_mode``,
+    ``Plan.keep_random``), so that callers passing them on to :func:`rewrite_step` (verify, export) rewrite the
+    step the plan was priced for."""
 
     replay_mode = "again"
+    keep_random = False
 
 
 def plan_activations(plan, profile: Profile) -> list[str]:
@@ -87,6 +105,7 @@ def plan_activations(plan, profile: Profile) -> list[str]:
     plan.check_profile(profile)
     ids = PlannedActivations(plan.recomputed)
     ids.replay_mode = plan.replay_mode
+    ids.keep_random = bool(getattr(plan, "keep_random", False))
     return ids
 
 
@@ -97,22 +116,26 @@ def rewrite(step: CapturedStep, profile: Profile, plan) -> RewrittenStep:
 
 
 def rewrite_step(step: CapturedStep, profile: Profile, recomputed: Collection[str], *,
-                 replay_mode: str | None = None) -> RewrittenStep:
+                 replay_mode: str | None = None, keep_random: bool | None = None) -> RewrittenStep:
     """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward.
 
     ``step`` must be the graph ``profile`` was measured on (same nodes in the same order, e.g. from
     ``deserialize_step(profile.graph)``); it is not modified. Replays follow ``replay_mode``, by default the mode
-    of the plan ``recomputed`` comes from (:func:`plan_activations`), else ``"again"``.
+    of the plan ``recomputed`` comes from (:func:`plan_activations`), else ``"again"``; random ops are replayed
+    with their forward's generator state unless ``keep_random`` (by default: the plan's) says never to.
     """
     mode = get_mode(replay_mode or getattr(recomputed, "replay_mode", "again"))
+    if keep_random is None:
+        keep_random = getattr(recomputed, "keep_random", False)
     gm = fx.GraphModule(step.gm, copy.deepcopy(step.gm.graph))
     ids = [n.meta.get("ac_id") for n in gm.graph.nodes]
     if ids != [r.id for r in profile.nodes]:
         raise PlanMismatchError("this graph is not the one the profile was measured on (node ids differ)")
-    recs = _Rewriter(gm, profile, mode.shares_chains).apply(recomputed)
+    recs = _Rewriter(gm, profile, mode.shares_chains, keep_random).apply(recomputed)
     gm.graph.lint()
     gm.recompile()
-    return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), recomputations=recs)
+    return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), optimizer=step.optimizer,
+                         recomputations=recs)
 
 
 @dataclass
@@ -125,13 +148,19 @@ class _Replayed:
 
 
 class _Rewriter:
-    def __init__(self, gm: fx.GraphModule, profile: Profile, shares_chains: bool) -> None:
+    def __init__(self, gm: fx.GraphModule, profile: Profile, shares_chains: bool, keep_random: bool) -> None:
         self.gm = gm
         self.profile = profile
         self.shares_chains = shares_chains
+        self.keep_random = keep_random
         self.nodes = list(gm.graph.nodes)
         self.pos = {n: i for i, n in enumerate(self.nodes)}
         self.rec = dict(zip(self.nodes, profile.nodes))
+        self.rules = replay_rules(profile, keep_random)
+        self.verdict = dict(zip(self.nodes, self.rules.node))
+        self.draws = {n for n, d in zip(self.nodes, self.rules.draws) if d}
+        self.saved_rng: dict[fx.Node, tuple[fx.Node, fx.Node, fx.Node]] = {}
+        self.rng_state_bytes = RNG_STATE_BYTES.get(profile.environment.get("device_type", "cpu"), 16)
         by_id = {n.meta["ac_id"]: n for n in self.nodes}
         self.storages: dict[fx.Node, list[str]] = {n: [] for n in self.nodes}
         self.holders: dict[str, list[fx.Node]] = {}
@@ -190,8 +219,8 @@ class _Rewriter:
             act = self.profile.activation_by_id.get(sid)
             if act is None:
                 raise RewriteError(f"{sid} is not an activation of this profile (nothing to recompute)")
-            if not act.recomputable:
-                raise RewriteError(f"activation {sid} cannot be recomputed: {act.reason}")
+            if self.rules.activation[sid]:
+                raise RewriteError(f"activation {sid} cannot be recomputed: {self.rules.activation[sid]}")
         first_use = {sid: self.pos[self.backward_readers(sid)[0]] for sid in todo}
         todo.sort(key=lambda s: (first_use[s], self.pos[self.holders[s][0]]))
         self.wanted = set(todo)
@@ -217,11 +246,12 @@ class _Rewriter:
         env: dict[fx.Node, fx.Node] = {}
         with self.gm.graph.inserting_before(anchor):
             for n in order:
-                if is_dropout_output(n):  # the replayed dropout node already is the output tensor
+                if is_getitem(n, 0) and self.from_mask(n.args[0]):  # the replayed node already is the output
                     env[n] = env[n.args[0]]
                     continue
-                env[n] = self.copy_node(n, lambda x: env[x] if x in env else plan.sources[x], owner)
-                kept = self.storages[self.dropout_mask(n)] if is_dropout(n) else []  # read, not held by the copy
+                arg_map = lambda x: env[x] if x in env else plan.sources[x]  # noqa: E731
+                env[n] = self.copy_random(n, arg_map, owner) if n in self.draws else self.copy_node(n, arg_map, owner)
+                kept = self.storages[self.dropout_mask(n)] if self.from_mask(n) else []  # read, not held by the copy
                 env[n].meta["ac_storages"] = [f"{s}@{owner}" if s in plan.remat else s for s in self.storages[n]
                                               if s not in kept]
         for sid in plan.group:
@@ -277,12 +307,12 @@ class _Rewriter:
         rematerialise(owner, self.holders[owner][0])
         while stack:
             n = stack.pop()
-            reason = "random op: it would draw new random numbers" if draws_random(n) else self.rec[n].replay
+            reason = self.verdict[n]
             if reason != "ok" or self.region(n) not in FORWARD_REGIONS:
                 raise RewriteError(f"recomputing {owner} would replay {self.describe(n)}, which must not run twice "
                                    f"({reason})")
             kept = []
-            if is_dropout(n):  # replayed from its kept mask, which is read, never drawn again
+            if self.from_mask(n):  # replayed from its kept mask, which is read, never drawn again
                 mask = self.dropout_mask(n, at, forced)
                 plan.sources[mask] = mask
                 plan.readers.setdefault(mask, []).append(n)
@@ -314,6 +344,10 @@ class _Rewriter:
             return self.replayed[sid].copies.get(x)  # a view not copied then is re-derived from the copies
         return x
 
+    def from_mask(self, n) -> bool:
+        """Whether ``n`` is a native_dropout replayed from its kept mask (only under ``keep_random``)."""
+        return self.keep_random and isinstance(n, fx.Node) and is_dropout(n)
+
     def dropout_mask(self, n: fx.Node, at: int | None = None, forced: set[str] = frozenset()) -> fx.Node:
         """The kept mask of dropout node ``n`` (its ``getitem(n, 1)``), checked resident at ``at`` if given."""
         mask = next((u for u in n.users if is_getitem(u, 1)), None)
@@ -343,7 +377,7 @@ class _Rewriter:
         self.copy_count[orig] = k + 1
         target, args, kwargs = n.target, fx.node.map_arg(n.args, arg_map), fx.node.map_arg(n.kwargs, arg_map)
         meta = dict(n.meta)
-        if is_dropout(n):  # the same masked scale, with the mask drawn in forward
+        if self.from_mask(n):  # the same masked scale, with the mask drawn in forward
             p, train = _arg(n, "p"), _arg(n, "train")
             scale = (1.0 / (1.0 - p) if p < 1 else 0.0) if train is not False else 1.0
             target, args, kwargs = torch.ops.aten.native_dropout_backward.default, (args[0], self.dropout_mask(n),
@@ -360,11 +394,51 @@ class _Rewriter:
                                    "this replay did not create")
         return new
 
+    # -- random ops: replayed with the generator state their forward drew with (see the module docstring) --------
+    def copy_random(self, n: fx.Node, arg_map, owner: str) -> fx.Node:
+        """A copy of random op ``n`` that draws with ``n``'s saved generator states, then puts the current back."""
+        cpu, devices, states = self.saved_state(n)
+        base = f"{n.meta['ac_id']}@rc{self.copy_count.get(n.meta['ac_id'], 0)}"
+        now_cpu, now_devices, now_states = self.state_nodes(arg_map(n.all_input_nodes[0]), f"{base}.rng_now", owner)
+        self.rng_node(torch.set_rng_state, (cpu,), f"{base}.rng_set", owner)
+        self.rng_node(set_device_states, (devices, states), f"{base}.rng_set_devices", owner)
+        new = self.copy_node(n, arg_map, owner)
+        self.rng_node(torch.set_rng_state, (now_cpu,), f"{base}.rng_restore", owner)
+        self.rng_node(set_device_states, (now_devices, now_states), f"{base}.rng_restore_devices", owner)
+        return new
+
+    def saved_state(self, n: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node]:
+        """The nodes holding the generator states random op ``n`` drew with, saved right before it in forward
+        (once, however often it is replayed); the CPU state carries the saved state's bytes for the accounting."""
+        if n not in self.saved_rng:
+            orig = n.meta["ac_id"]
+            with self.gm.graph.inserting_before(n):
+                saved = self.state_nodes(n.all_input_nodes[0], f"{orig}@rng", None)
+            saved[0].meta.update(ac_storages=[f"{orig}@rng"], ac_sizes={f"{orig}@rng": self.rng_state_bytes})
+            self.saved_rng[n] = saved
+        return self.saved_rng[n]
+
+    def state_nodes(self, like: fx.Node, name: str, owner: str | None) -> tuple[fx.Node, fx.Node, fx.Node]:
+        """Nodes reading the CPU generator state and (device ids, states) of the devices ``like`` lives on."""
+        cpu = self.rng_node(torch.get_rng_state, (), f"{name}.cpu", owner)
+        devices = self.rng_node(get_device_states, (like,), f"{name}.devices", owner)
+        return (cpu, self.rng_node(operator.getitem, (devices, 0), f"{name}.ids", owner),
+                self.rng_node(operator.getitem, (devices, 1), f"{name}.states", owner))
+
+    def rng_node(self, target, args: tuple, ac_id: str, owner: str | None) -> fx.Node:
+        """A generator-state node: in forward (``owner`` None: a saved state) or in ``owner``'s replay."""
+        node = self.gm.graph.call_function(target, args)
+        node.meta.update(ac_id=ac_id, ac_role="rng", ac_region="forward" if owner is None else "backward",
+                         ac_storages=[], ac_shape="", ac_dtype="")
+        if owner is not None:
+            node.meta["ac_of"] = owner
+        return node
+
     def check_freed(self, recomputed: Iterable[str]) -> None:
         """After rewiring, the original alias nodes of a recomputed storage may only be read in forward."""
         for sid in recomputed:
             for h in self.forward_holders(sid):
-                late = [u for u in h.users if u not in self.pos or self.region(u) not in FORWARD_REGIONS]
+                late = [u for u in h.users if self.region(u) not in FORWARD_REGIONS]
                 if late:
                     raise AssertionError(f"{sid}: {h.meta['ac_id']} is still read by {late[0].meta['ac_id']}")
 
@@ -378,13 +452,6 @@ class _Slice:
     group: list[str] = field(default_factory=list)  # recomputed activations this replay produces
 
 
-def draws_random(n: fx.Node) -> bool:
-    """A node whose replay would draw new random numbers (dropout is replayed from its mask, so it does not)."""
-    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) or is_dropout(n):
-        return False
-    return torch.Tag.nondeterministic_seeded in n.target.tags or bool(_arg(n, "dropout_p"))
-
-
 def is_dropout(n: fx.Node) -> bool:
     """``native_dropout`` (the fused CUDA form; CPU captures draw with ``bernoulli_`` instead)."""
     return n.op == "call_function" and n.target is torch.ops.aten.native_dropout.default
@@ -392,10 +459,6 @@ def is_dropout(n: fx.Node) -> bool:
 
 def is_getitem(n: fx.Node, index: int) -> bool:
     return n.op == "call_function" and n.target is operator.getitem and n.args[1] == index
-
-
-def is_dropout_output(n: fx.Node) -> bool:
-    return is_getitem(n, 0) and is_dropout(n.args[0])
 
 
 # -- BatchNorm -------------------------------------------------------------------------------------------

@@ -20,8 +20,12 @@ point of μ-TWO's Alg E/F source updates (``srcs -= {t}; srcs |= t.srcs``), comp
 deduplicated and with residency checked for recomputed sources only: a *retained* stop is always a source,
 kept alive up to the recomputation if its last use comes earlier (the simulator charges that extension).
 
-An activation is a recompute candidate when it is ``recomputable``, its own chain replays only nodes whose
-``replay`` is ``"ok"``, and there is at least one node between its last forward and first backward use.
+An activation is a recompute candidate when it is recomputable, its own chain replays only nodes whose replay
+verdict is ``"ok"``, and there is at least one node between its last forward and first backward use. Verdicts
+come from :func:`~acstudio.capture.analysis.replay_rules` under the graph's random-op rule (``keep_random``):
+by default a random op is replayed with the generator state its forward drew with, which the rewriter saves
+right before that op in forward and keeps until its last replay (``rng_state_bytes`` each, see
+:meth:`rng_spans`).
 """
 
 from __future__ import annotations
@@ -31,9 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from acstudio.capture.analysis import replay_rules
 from acstudio.profile.model import Profile
 
 FORWARD_REGIONS = ("forward", "loss")
+# Bytes of one saved generator state: the CPU's Mersenne Twister state, or a CUDA Philox seed and offset (a
+# host tensor: it takes no device memory, counted anyway as the price of a state kept for a replay).
+RNG_STATE_BYTES = {"cpu": 5056, "cuda": 16}
 
 
 def is_inplace(target: str) -> bool:
@@ -71,8 +79,11 @@ class Replay:
 class ReplayGraph:
     """Static recompute structure of a profile; activations are addressed by index into ``profile.activations``."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, keep_random: bool = False) -> None:
         self.profile = profile
+        self.keep_random = keep_random
+        rules = replay_rules(profile, keep_random)
+        self._verdict = rules.node
         nodes = profile.nodes
         index = profile.node_index
         n = len(nodes)
@@ -127,8 +138,8 @@ class ReplayGraph:
             self.own_time[k] = self.run_ms[self.own[-1]].sum()
             self.stops.append(tuple(sorted(stops)))
             self.params.append(tuple(sorted(params)))
-            if not a.recomputable:
-                why = a.reason or "not recomputable"
+            if rules.activation[a.id]:
+                why = rules.activation[a.id]
             elif blocked:
                 why = blocked
             elif self.first_bw[k] <= self.last_fw[k] + 1:
@@ -138,6 +149,29 @@ class ReplayGraph:
             self.reason.append(why)
         self.is_candidate = np.array([not r for r in self.reason], dtype=bool)
         self.candidates = [k for k in range(len(acts)) if self.is_candidate[k]]
+
+        # Random ops replayed with a saved generator state, and per activation those its own chain runs.
+        self.rng_nodes = np.flatnonzero(rules.draws)
+        rng_slot = {int(i): j for j, i in enumerate(self.rng_nodes)}
+        self.rng_owned = [np.array([rng_slot[i] for i in own if i in rng_slot], dtype=np.int64) for own in self.own]
+        self.rng_state_bytes = RNG_STATE_BYTES.get(profile.environment.get("device_type", "cpu"), 16)
+        self._rng_pair_act = np.repeat(np.arange(len(acts)), [len(o) for o in self.rng_owned])
+        self._rng_pair_slot = np.concatenate([*self.rng_owned, np.zeros(0, dtype=np.int64)])
+
+    def rng_spans(self, mask: np.ndarray, back: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Saved generator states of a recompute set: (random node, node before which its last replay runs).
+
+        The state of random op ``r`` is saved right before ``r`` runs in forward and kept until the replay of the
+        last recomputed activation whose own chain runs ``r`` (``back[a]``: where ``a`` is brought back). A chain
+        replayed again after that activation's last backward use (rare: an activation read in backward only
+        before the values derived from it) would keep it longer. The rewritten graph frees it inside its last
+        replay, right after setting it, so this overstates that replay's memory by at most the states it frees
+        (16 bytes each on CUDA, 5056 on the CPU); the tests bound the difference by that."""
+        pairs = mask[self._rng_pair_act]
+        end = np.full(len(self.rng_nodes), -1, dtype=np.int64)
+        np.maximum.at(end, self._rng_pair_slot[pairs], back[self._rng_pair_act[pairs]])
+        used = end >= 0
+        return self.rng_nodes[used], end[used]
 
     # -- static walk ----------------------------------------------------------------------------------
     def _stale_nodes(self, holders: dict[str, list[int]]) -> np.ndarray:
@@ -160,9 +194,9 @@ class ReplayGraph:
             r = stack.pop()
             for w in self._writers.get(r, ()):
                 if w not in own:
-                    if nodes[w].replay != "ok":
+                    if self._verdict[w] != "ok":
                         return own, stops, params, (f"recomputing it would replay {nodes[w].id} "
-                                                    f"({nodes[w].target}): {nodes[w].replay}")
+                                                    f"({nodes[w].target}): {self._verdict[w]}")
                     own.add(w)
                     stack.append(w)
             via_getitem = nodes[r].target == "operator.getitem"
@@ -177,8 +211,9 @@ class ReplayGraph:
                 if not via_getitem and s != target and s in self.act_index and not self._stale[u]:
                     stops.add(self.act_index[s])
                     continue
-                if nd.replay != "ok":
-                    return own, stops, params, f"recomputing it would replay {nd.id} ({nd.target}): {nd.replay}"
+                if self._verdict[u] != "ok":
+                    return own, stops, params, (f"recomputing it would replay {nd.id} ({nd.target}): "
+                                                f"{self._verdict[u]}")
                 own.add(u)
                 stack.append(u)
         return own, stops, params, ""

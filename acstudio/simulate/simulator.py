@@ -12,7 +12,10 @@ backward use to its last backward use. It is recomputed right before its first b
 creation order when several share that node; while it is replayed the memory is ``between`` plus the
 activations alive then (retained ones, earlier re-materialised ones, sources kept alive for it) plus the
 high-water mark of the replay's own allocations (see :meth:`ReplayGraph.transient_bytes`; μ-TWO's Alg G
-leaves this out). A retained activation that a recomputation reads after its normal last use stays alive
+leaves this out). A replayed random op's saved generator state counts from that op in forward to its last
+replay has run (:meth:`ReplayGraph.rng_spans`): conservative, as the graph frees it inside that replay once set;
+the current state a replay holds while it runs the op is not counted.
+A retained activation that a recomputation reads after its normal last use stays alive
 until that recomputation has finished (conservative: FX would free it inside the replay, after its last read).
 
 With nothing recomputed the simulated node memory is exactly ``mem_peak``, so the simulated peak is the
@@ -64,9 +67,10 @@ class SimResult:
 class Simulator:
     """Precomputes a profile's memory arrays once; :meth:`peak` and :meth:`simulate` evaluate recompute sets."""
 
-    def __init__(self, profile: Profile, replay: ReplayGraph | None = None) -> None:
+    def __init__(self, profile: Profile, replay: ReplayGraph | None = None, *, keep_random: bool = False) -> None:
+        """``keep_random`` (when no ``replay`` is given): never recompute random ops (``--keep-random``)."""
         self.profile = profile
-        self.replay = replay or ReplayGraph(profile)
+        self.replay = replay or ReplayGraph(profile, keep_random)
         rg = self.replay
         nodes = profile.nodes
         index = profile.node_index
@@ -178,6 +182,12 @@ class Simulator:
         acts_between = np.zeros(self.n, dtype=np.int64)
         acts_node[lo:lo + width] = self._span(starts, np.concatenate([node_end, e[rc]]) - lo, weights, width)
         acts_between[lo:lo + width] = self._span(starts + 1, np.concatenate([bnd_end, e[rc]]) - lo, weights, width)
+        if rc.size and rg.rng_nodes.size:
+            # Generator states saved in forward for replayed random ops, kept until their last replay has run.
+            r, end = rg.rng_spans(mask, f_bw)
+            state = np.full(len(r), rg.rng_state_bytes, dtype=np.int64)
+            acts_node += self._span(r, end - 1, state)
+            acts_between += self._span(r, end, state)
         return acts_node, acts_between
 
     def evaluate(self, mask: np.ndarray, keep_until: np.ndarray, transient: np.ndarray, timeline: bool = False):
@@ -271,6 +281,7 @@ class SimState:
         self.keep_until = np.full(n_act, -1, dtype=np.int64)
         self.transient = np.zeros(n_act, dtype=np.int64)
         self.acts_node, self.acts_between = sim.activation_memory(self.mask, self.keep_until)
+        self.rng_end = np.full(len(sim.replay.rng_nodes), -1, dtype=np.int64)  # see ReplayGraph.rng_spans
 
     @staticmethod
     def _add(arr: np.ndarray, start: int, end: int, value: int) -> None:
@@ -287,6 +298,13 @@ class SimState:
         self._add(self.acts_between, l_fw + 1, max(e, ku), -b)
         self._add(self.acts_between, f_bw + 1, e, b)
         self.mask[k] = True
+        for j in rg.rng_owned[k]:  # the saved generator states of its random ops now live until f_bw at least
+            old = self.rng_end[j]
+            if f_bw > old:
+                r = rg.rng_nodes[j]
+                self._add(self.acts_node, r if old < 0 else old, f_bw - 1, rg.rng_state_bytes)
+                self._add(self.acts_between, r if old < 0 else old + 1, f_bw, rg.rng_state_bytes)
+                self.rng_end[j] = f_bw
 
     def keep(self, s: int, until: int) -> None:
         """Keep retained ``s`` alive for recomputations up to the one before node ``until`` (-1: none)."""

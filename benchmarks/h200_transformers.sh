@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
+# op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
+# Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
+#   PART: bert | gpt2 | llama | resnet (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
+# Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
+# bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
+set -u
+part=$1
+out=$2
+mkdir -p "$out"
+bench="python3 -m acstudio bench"
+steps="--warmup 3 --iters 8"
+export PYTHONUNBUFFERED=1
+# A LLaMA-style decoder (RMSNorm, SwiGLU, rotary, no dropout): 8 layers of width 1024, 32k vocabulary, about
+# 170M parameters; bf16 autocast, AdamW, seq 1024.
+llama="llama --seq-len 1024 --precision bf16 --optimizer adamw --config hidden_size=1024 \
+  --config intermediate_size=2816 --config num_hidden_layers=8 --config num_attention_heads=16 \
+  --config num_key_value_heads=16 --config vocab_size=32000 --config max_position_embeddings=2048"
+# The transformer table: every peer, our rewritten graph and our SAC form at the peers' measured peaks.
+peers="eager,per-block,per-op,compile,compile+per-block,compile+per-op"
+ours="rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op,sac@per-block"
+ours_compiled="sac+compile@compile+per-block,sac+compile@compile+per-op"
+
+run() {  # run NAME TIMEOUT_S BENCH_ARGS...: one bench into /tmp/NAME, its bench.json to OUT_DIR
+  name=$1
+  limit=$2
+  shift 2
+  timeout "$limit" $bench "$@" --out "/tmp/$name"
+  cp "/tmp/$name/bench.json" "$out/bench_h200_$name.json"
+}
+
+case $part in
+bert)  # about 7.5 min
+  run bert_bs16_transformers 530 bert -b 16 --configs "$peers,$ours,$ours_compiled" $steps
+  ;;
+gpt2)  # about 7.5 min
+  run gpt2_bs16_transformers 530 gpt2 -b 16 --configs "$peers,$ours,$ours_compiled" $steps
+  ;;
+llama)  # about 7 min
+  run llama_bs8_transformers 530 $llama -b 8 --configs "$peers,$ours,$ours_compiled" $steps
+  ;;
+resnet)  # about 6 min: the per-block row again (no regression), compile@0.5 and our SAC form at its peak
+  run resnet152_bs64_sac 530 resnet152 -b 64 \
+    --configs eager,per-block,rewritten@per-block,compile,compile@0.5,sac+compile@compile@0.5 $steps
+  ;;
+dist)  # about 5 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per rank; and 1 GPU on all 16
+  run llama_bs8x2_dist 420 $llama -b 8 --nproc 2 \
+    --configs fsdp,fsdp+per-block,fsdp+sac@fsdp+per-block,ddp,ddp+per-block,ddp+sac@ddp+per-block $steps
+  run llama_bs16_single 100 $llama -b 16 --configs eager $steps
+  ;;
+*)
+  echo "unknown part $part (bert, gpt2, llama, resnet, dist)" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,88 @@
+"""Several ranks: FSDP2 and DDP under torchrun with gloo on the CPU, and the per-rank memory prediction."""
+
+import math
+
+import numpy as np
+import pytest
+from conftest import tiny_spec
+
+from acstudio.bench import run_bench
+from acstudio.errors import ACStudioError
+from acstudio.profile.model import Profile
+from acstudio.simulate.sharding import per_rank_profile, static_bytes
+from acstudio.simulate.simulator import Simulator
+
+NO_DROPOUT = (("resid_pdrop", "0"), ("embd_pdrop", "0"), ("attn_pdrop", "0"))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Tiny GPT-2 (tied weights) under FSDP2 and DDP on 2 gloo ranks of batch 2, and one process of batch 4."""
+    out = tmp_path_factory.mktemp("dist")
+    spec = tiny_spec("gpt2", config=(*tiny_spec("gpt2").config, *NO_DROPOUT))
+    ranks = run_bench(spec, [2], ["fsdp", "ddp"], device="cpu", out_dir=out / "ranks", warmup=1, iters=3, nproc=2)
+    single = run_bench(spec, [4], ["eager"], device="cpu", out_dir=out / "single", warmup=1, iters=3)
+    return spec, {r["config"]: r for r in ranks.rows + single.rows}
+
+
+def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
+    _, rows = two_ranks
+    eager = rows["eager"]
+    for config in ("fsdp", "ddp"):
+        row = rows[config]
+        assert row["status"] == "ok", row["message"]
+        assert row["nproc"] == 2 and row["parallel"] == config and row["baseline"] is None
+        assert len(row["rank_peak_bytes"]) == 2 and "--nproc 2" in row["command"]
+        # 5 steps (warm-up, peak step, 3 timed): the later ones depend on the averaged gradients
+        assert len(row["losses"]) == len(eager["losses"]) == 5
+        np.testing.assert_allclose(row["losses"], eager["losses"], rtol=1e-5)
+
+
+def test_measured_rank_state_matches_the_per_rank_prediction(two_ranks):
+    from acstudio.profile.profiler import profile_workload
+
+    spec, rows = two_ranks
+    profile = profile_workload(spec.with_batch_size(2), "cpu")
+    single = static_bytes(profile)
+    for config in ("fsdp", "ddp"):
+        predicted = static_bytes(per_rank_profile(profile, 2, config))
+        for measured in rows[config]["rank_state_bytes"]:
+            assert measured == predicted, config
+    fsdp = static_bytes(per_rank_profile(profile, 2, "fsdp"))
+    assert fsdp["parameter"] == single["parameter"] // 2  # every tiny GPT-2 weight has an even first dimension
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return Profile.load("sample_profiles/cpu_resnet18_bs16_sgd.json.gz")
+
+
+def test_one_rank_is_the_profile_itself(resnet):
+    assert per_rank_profile(resnet, 1, "fsdp") is resnet and per_rank_profile(resnet, 1, "ddp") is resnet
+    with pytest.raises(ACStudioError, match="sharding"):
+        per_rank_profile(resnet, 2, "zero3")
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fsdp_shards_state_and_keeps_activations(resnet, world):
+    rank = per_rank_profile(resnet, world, "fsdp")
+    full, sharded = static_bytes(resnet), static_bytes(rank)
+    for category, nbytes in full.items():
+        assert nbytes / world <= sharded[category] <= math.ceil(nbytes / world) + 64 * 2**10 * world
+    assert [a.bytes for a in rank.activations] == [a.bytes for a in resnet.activations]
+    assert rank.fingerprint == resnet.fingerprint  # plans made on it apply to the same graph
+    assert rank.environment["sharding"] == {"kind": "fsdp", "world": world}
+    assert static_bytes(resnet) == full  # the input profile is untouched
+    # the state it no longer holds comes off the peak; unsharded blocks and buffers add less than that back
+    saved = sum(full.values()) - sum(sharded.values())
+    assert resnet.peak_bytes - saved < rank.peak_bytes < resnet.peak_bytes
+    sim = Simulator(rank)
+    assert sim.baseline_peak == rank.peak_bytes and sim.floor_bytes < rank.peak_bytes
+
+
+def test_ddp_adds_one_gradient_copy_everywhere(resnet):
+    rank = per_rank_profile(resnet, 2, "ddp")
+    grads = static_bytes(resnet)["gradient"]
+    assert static_bytes(rank) == static_bytes(resnet)
+    assert [b.mem_peak - a.mem_peak for a, b in zip(resnet.nodes, rank.nodes)] == [grads] * len(resnet.nodes)
+    assert rank.peak_bytes == resnet.peak_bytes + grads
