@@ -13,7 +13,6 @@ the same model.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections import Counter
 from pathlib import Path
@@ -30,8 +29,13 @@ from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
-# Ops make_fx records under another overload than eager runs (``torch.tensor`` in a forward: lift_fresh).
-_TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
+# Overloads that stand for the same computation in make_fx's capture, eager and torch.compile's trace
+# (``torch.tensor`` in a forward: lift_fresh; ``matmul``'s reshape: _unsafe_view in eager, view when compiled).
+_SAME_AS = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default", "aten._unsafe_view.default": "aten.view.default"}
+
+
+def canonical(op: str) -> str:
+    return _SAME_AS.get(op, op)
 # make_fx records ``detach`` (which SAC hides from its policy) as ``alias``: a recorded alias may not be seen.
 _MAYBE_HIDDEN = "aten.alias.default"
 _INNER = "_acstudio_sac_inner_forward"
@@ -61,8 +65,7 @@ class BlockPolicy:
         self.position = 0
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        op = str(func)
-        op = _TRACED_AS.get(op, op)
+        op = canonical(str(func))
         if not ctx.is_recompute:
             self.check(op)
         calls = self.calls[ctx.is_recompute]
@@ -102,14 +105,17 @@ def _contexts(block: str, ops: list[OpDecision], policies: list[BlockPolicy]):
 def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> None:
     """Make ``module``'s forward run under a checkpoint with the SAC policy ``ops`` (rewrapping replaces)."""
     inner = getattr(module, _INNER, module.forward)
-    ops = [d for d in ops if d.op not in _IGNORED]
+    ops = [OpDecision(canonical(d.op), d.module, d.save) for d in ops if d.op not in _IGNORED]
     policies: list[BlockPolicy] = []
-    context_fn = functools.partial(_contexts, block, ops, policies)
+
+    def context_fn():  # a plain function: torch.compile keeps it as a constant and calls it when tracing
+        return _contexts(block, ops, policies)
 
     def forward(*args, **kwargs):
         out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
         if policies and not torch.compiler.is_compiling():
             policies.pop().check(None)  # eager: the block ran all the recorded ops
+            policies.clear()
         return out
 
     setattr(module, _INNER, inner)
