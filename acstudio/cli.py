@@ -48,13 +48,31 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=512, help="transformers models (default 512)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field (repeatable), e.g. --config num_hidden_layers=2")
+    _add_optimizer_args(p)
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        beta1, beta2 = (float(b) for b in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers such as 0.9,0.999, got {text!r}") from None
+    return beta1, beta2
+
+
+def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
+    """Optimizer hyperparameters; unset ones keep the defaults the README states."""
+    p.add_argument("--lr", type=float, help="learning rate (default: sgd 0.01, adam/adamw 0.001)")
+    p.add_argument("--weight-decay", type=float, help="weight decay (default: adamw 0.01, sgd/adam 0)")
+    p.add_argument("--momentum", type=float, help="sgd momentum (default 0.9)")
+    p.add_argument("--betas", type=_betas, metavar="B1,B2", help="adam/adamw betas (default 0.9,0.999)")
 
 
 def _spec(args):
     from acstudio.workload import WorkloadSpec
 
     return WorkloadSpec(args.model, args.batch_size, optimizer=args.optimizer, precision=args.precision,
-                        image_size=args.image_size, seq_len=args.seq_len, config=_parse_config(args.config))
+                        image_size=args.image_size, seq_len=args.seq_len, config=_parse_config(args.config),
+                        lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum, betas=args.betas)
 
 
 def cmd_models(args) -> int:
@@ -183,7 +201,14 @@ def _load_profile_and_plan(args):
     from acstudio.profile.model import Profile
 
     profile = Profile.load(args.profile)
-    return profile, Plan.load(args.plan, profile=profile)
+    plan = Plan.load(args.plan, profile=profile)
+    if not plan.feasible:
+        from acstudio.plan.budget import format_bytes
+
+        print(f"acstudio: warning: {args.plan} is INFEASIBLE: predicted peak {format_bytes(plan.predicted_peak_bytes)} "
+              f"exceeds its budget {format_bytes(plan.budget_bytes)} (AC floor {format_bytes(plan.floor_bytes)}); "
+              "going on, but the step will not fit that budget", file=sys.stderr)
+    return profile, plan
 
 
 def cmd_verify(args) -> int:
@@ -322,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    _add_optimizer_args(p)
     p.add_argument("--configs", default="eager,per-block,captured,rewritten",
                    help="comma-separated: eager, captured, per-block, per-op, compile, compile@R, compile+per-block, "
                         "compile+per-op, rewritten, rewritten@B, sac@B, sac+compile@B, and fsdp+/ddp+ before any "

@@ -41,6 +41,18 @@ class Cancelled(ACStudioError):
     """A long engine call was cancelled through its :class:`~acstudio.jobs.CancelToken`."""
 
 
+class CorruptFileError(ProfileFileError):
+    """A profile or plan file breaks its schema; the message names the file, the field and what is wrong."""
+
+
+class WrongSchemaError(ProfileFileError):
+    """The file is an AC Studio document of another kind (a plan given where a profile is expected, ...)."""
+
+    def __init__(self, message: str, found: str | None) -> None:
+        super().__init__(message)
+        self.found = found
+
+
 _MAX_CHARS = 300
 _OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
 

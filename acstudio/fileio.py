@@ -5,15 +5,17 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from acstudio.errors import OutputPathError, ProfileFileError
+from acstudio.errors import OutputPathError, ProfileFileError, WrongSchemaError
 
 
 def _umask() -> int:
@@ -152,22 +154,53 @@ def write_document(path: str | os.PathLike, schema: str, version: int, body: dic
 
 
 def read_document(path: str | os.PathLike, schema: str, version: int) -> dict[str, Any]:
-    """Read a document written by :func:`write_document`; refuse other schemas and versions clearly."""
+    """Read a document written by :func:`write_document`; refuse other schemas and versions clearly.
+
+    A document that cannot be parsed is reported by the schema its readable beginning names, so a truncated
+    plan reads as a corrupt plan (and as "not a profile" where a profile was expected), not as garbage.
+    """
     p = Path(path)
     if not p.is_file():
         raise ProfileFileError(f"{p}: no such file — check the path")
     try:
         raw = p.read_bytes()
+    except OSError as exc:
+        raise ProfileFileError(f"{p}: cannot read it ({exc.strerror or exc})") from exc
+    try:
         text = gzip.decompress(raw).decode("utf-8") if raw[:2] == b"\x1f\x8b" else raw.decode("utf-8")
         doc = json.loads(text)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, gzip.BadGzipFile) as exc:
-        raise ProfileFileError(f"{p}: not a readable {schema} file ({exc}) — give a file AC Studio wrote") from exc
+    except (EOFError, ValueError, RecursionError, gzip.BadGzipFile, zlib.error) as exc:
+        claimed = _claimed_schema(raw)
+        if claimed is not None and claimed != schema:
+            raise WrongSchemaError(f"{p}: expected a {schema} file, found a damaged {claimed!r} file",
+                                   claimed) from exc
+        if claimed == schema:
+            kind = schema.removeprefix("acstudio.")
+            raise ProfileFileError(f"{p}: corrupt {kind}: the file is truncated or damaged "
+                                   f"({type(exc).__name__}: {str(exc)[:80]}) — write it again") from exc
+        raise ProfileFileError(f"{p}: not a readable {schema} file ({str(exc)[:80]}) — give a file AC Studio wrote")\
+            from exc
     if not isinstance(doc, dict) or doc.get("schema") != schema:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ProfileFileError(f"{p}: expected a {schema} file, found {found!r} — check the file name")
+        raise WrongSchemaError(f"{p}: expected a {schema} file, found {found!r} — check the file name", found)
     if doc.get("version") != version:
         raise ProfileFileError(
             f"{p}: {schema} version {doc.get('version')!r} is not supported (this AC Studio reads version "
             f"{version}); re-create it with this version"
         )
     return doc
+
+
+_SCHEMA_HEAD = re.compile(r'^\s*\{\s*"schema"\s*:\s*"([A-Za-z0-9_.]+)"')
+
+
+def _claimed_schema(raw: bytes) -> str | None:
+    """The schema named at the start of a (possibly truncated, possibly gzipped) document, if any."""
+    head = raw[:4096]
+    if head[:2] == b"\x1f\x8b":
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, 4096)
+        except zlib.error:
+            return None
+    match = _SCHEMA_HEAD.match(head.decode("utf-8", errors="replace"))
+    return match.group(1) if match else None

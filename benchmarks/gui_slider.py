@@ -116,7 +116,7 @@ def measure_slider(profile: Path, steps: int) -> dict[str, list[float]]:
             slider.setValue(value)
             slider.blockSignals(False)
             t0 = time.perf_counter()
-            window.set_budget(window.budget.budget_bytes())  # what the debounced commit does
+            window.set_budget(window.budget.slider_bytes())  # what the debounced commit does
             app.processEvents()  # repaint
             quick.append((time.perf_counter() - t0) * 1e3)
             stalls.append(wait(app, lambda: session.state.complete))
@@ -126,7 +126,7 @@ def measure_slider(profile: Path, steps: int) -> dict[str, list[float]]:
             slider.setValue(value)
             slider.blockSignals(False)
             t0 = time.perf_counter()
-            window.set_budget(window.budget.budget_bytes())
+            window.set_budget(window.budget.slider_bytes())
             app.processEvents()
             if not session.state.complete:
                 raise SystemExit("a revisited step was not cached")

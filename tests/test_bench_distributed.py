@@ -8,6 +8,7 @@ from conftest import tiny_spec
 
 from acstudio.bench import run_bench
 from acstudio.errors import ACStudioError
+from acstudio.plan.budget import parse_budget
 from acstudio.profile.model import Profile
 from acstudio.simulate.sharding import per_rank_profile, static_bytes
 from acstudio.simulate.simulator import Simulator
@@ -20,7 +21,8 @@ def two_ranks(tmp_path_factory):
     """Tiny GPT-2 (tied weights) under FSDP2 and DDP on 2 gloo ranks of batch 2, and one process of batch 4."""
     out = tmp_path_factory.mktemp("dist")
     spec = tiny_spec("gpt2", config=(*tiny_spec("gpt2").config, *NO_DROPOUT))
-    ranks = run_bench(spec, [2], ["fsdp", "ddp"], device="cpu", out_dir=out / "ranks", warmup=1, iters=3, nproc=2)
+    ranks = run_bench(spec, [2], ["fsdp", "ddp", "fsdp+sac@60%"], device="cpu", out_dir=out / "ranks", warmup=1,
+                      iters=3, nproc=2)
     single = run_bench(spec, [4], ["eager"], device="cpu", out_dir=out / "single", warmup=1, iters=3)
     return spec, {r["config"]: r for r in ranks.rows + single.rows}
 
@@ -28,10 +30,10 @@ def two_ranks(tmp_path_factory):
 def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
     _, rows = two_ranks
     eager = rows["eager"]
-    for config in ("fsdp", "ddp"):
+    for config in ("fsdp", "ddp", "fsdp+sac@60%"):
         row = rows[config]
         assert row["status"] == "ok", row["message"]
-        assert row["nproc"] == 2 and row["parallel"] == config and row["baseline"] is None
+        assert row["nproc"] == 2 and row["parallel"] == config[:4] and row["baseline"] in (None, "fsdp")
         assert len(row["rank_peak_bytes"]) == 2 and "--nproc 2" in row["command"]
         # 5 steps (warm-up, peak step, 3 timed): the later ones depend on the averaged gradients
         assert len(row["losses"]) == len(eager["losses"]) == 5
@@ -50,6 +52,11 @@ def test_measured_rank_state_matches_the_per_rank_prediction(two_ranks):
             assert measured == predicted, config
     fsdp = static_bytes(per_rank_profile(profile, 2, "fsdp"))
     assert fsdp["parameter"] == single["parameter"] // 2  # every tiny GPT-2 weight has an even first dimension
+    # sac under FSDP2 plans on one rank's predicted memory, priced as SAC replays it
+    sac = rows["fsdp+sac@60%"]["details"]
+    rank_peak = per_rank_profile(profile, 2, "fsdp").peak_bytes
+    assert sac["profile_peak_bytes"] == rank_peak < profile.peak_bytes
+    assert sac["budget_bytes"] == parse_budget("60%", rank_peak) and sac["plan"]["replay_mode"] == "sac"
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_rewrite import captured, run_from
+from test_rewrite import captured, check_accounting, run_from
 
 from acstudio.plan import baselines
 from acstudio.plan.blocks import block_search
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import plan
 from acstudio.rewrite import rewrite
-from acstudio.rewrite.memory import live_bytes
 
 
 @pytest.mark.parametrize("model", ["bert", "gpt2"])
@@ -38,7 +37,7 @@ def test_block_search_walks_from_per_block_to_keeping_and_runs_bitwise(model):
         assert p.feasible and p.predicted_peak_bytes <= budget
         assert p.replay_mode == "shared" or not p.recomputed
         new = rewrite(step, profile, p)
-        assert max(live_bytes(new.gm, profile)) == p.predicted_peak_bytes
+        check_accounting(new.gm, profile, p.predicted_peak_bytes, ctx.sim.replay)
         assert new.replay_ms == pytest.approx(p.predicted_extra_ms)
     for a, b in zip(run_from(new, w.model, opt, spec.optimizer, w.batch),
                     run_from(step, w.model, opt, spec.optimizer, w.batch)):

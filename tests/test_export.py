@@ -57,9 +57,14 @@ def test_files_manifest_and_report(tmp_path):
     assert manifest["profile_fingerprint"] == profile.fingerprint
     assert [(i["kind"], i["key"]) for i in manifest["inputs"]] == [(s.kind, s.key) for s in step.inputs]
     assert manifest["grad_params"] == step.grad_params and manifest["recomputed"] == plan.recomputed
-    assert manifest["optimizer"] == {"type": "Adam", "hyperparameters": {
-        "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0, "amsgrad": False, "maximize": False,
-        "decoupled_weight_decay": False}}
+    hyper = [i for i in manifest["inputs"] if i["kind"] == "hyper"]
+    assert [i["key"] for i in hyper] == ["0/lr", "0/beta1", "0/beta2", "0/eps", "0/weight_decay"]
+    (group,) = manifest["optimizer"]["groups"]
+    assert manifest["optimizer"]["type"] == "Adam" and group["params"] == step.optimizer.groups[0]["params"]
+    assert group["hyperparameters"] == {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0}
+    assert group["switches"] == {"amsgrad": False, "maximize": False, "decoupled_weight_decay": False}
+    # Adam without weight decay leaves the decay term out of the graph: a condition load_step checks
+    assert ["0/weight_decay", "==", 0.0] in manifest["optimizer"]["conditions"]
     assert [b["path"] for b in manifest["batch"]] == ["['input_ids']", "['attention_mask']", "['labels']"]
     assert manifest["parameters"]["transformer.wte.weight"] == {"shape": [120, 32], "dtype": "float32"}
     report = (tmp_path / "out" / "report.md").read_text()
@@ -81,7 +86,7 @@ def test_step_module_runs_with_torch_only(tmp_path):
     opt = w.make_optimizer()
     prepare_optimizer(w.model, opt)
     flat = step.flat_inputs(w.model, opt, w.batch)
-    torch.save([t.clone() for t in flat], tmp_path / "inputs.pt")
+    torch.save([t.clone() if isinstance(t, torch.Tensor) else t for t in flat], tmp_path / "inputs.pt")
     script = f"""
 import importlib.util, sys, torch
 sys.modules["acstudio"] = None  # any import of AC Studio would fail
@@ -128,8 +133,8 @@ def test_refuses_what_it_was_not_made_for(tmp_path):
     w = build_workload(spec)
     with pytest.raises(ExportMismatchError, match=r"torch\.optim\.Adam, got SGD"):
         acstudio.load_step(out, w.model, torch.optim.SGD(w.model.parameters(), lr=1e-3))
-    with pytest.raises(ExportMismatchError, match=r"lr=0\.01, the step was captured with lr=0\.001"):
-        acstudio.load_step(out, w.model, torch.optim.Adam(w.model.parameters(), lr=1e-2))
+    with pytest.raises(ExportMismatchError, match=r"amsgrad=True, the step was captured with amsgrad=False"):
+        acstudio.load_step(out, w.model, torch.optim.Adam(w.model.parameters(), amsgrad=True))
     with pytest.raises(ExportMismatchError, match="does not update parameter"):
         acstudio.load_step(out, w.model, torch.optim.Adam(list(w.model.parameters())[1:], lr=1e-3))
 
@@ -147,8 +152,10 @@ def test_refuses_what_it_was_not_made_for(tmp_path):
     before = [p.clone() for p in w.model.parameters()]
     step(reordered)
     assert any(not torch.equal(p, q) for p, q in zip(w.model.parameters(), before))
-    opt.param_groups[0]["lr"] = 5e-4  # e.g. an LR scheduler: the graph has the old value baked in
-    with pytest.raises(ExportMismatchError, match="changed since load_step"):
+    opt.param_groups[0]["lr"] = 5e-4  # e.g. an LR scheduler: the graph reads it at every call
+    step(w.batch)
+    opt.param_groups[0]["weight_decay"] = 0.01  # the graph was traced without the decay term
+    with pytest.raises(ExportMismatchError, match=r"changed since load_step: .*weight_decay=0\.01.*weight_decay == 0"):
         step(w.batch)
 
 

@@ -7,6 +7,7 @@ import shutil
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,6 @@ from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QDockWidget
 
-from acstudio.gui import graph_layout as gl
 from acstudio.gui.app import default_profile_path, main, parse_args
 from acstudio.gui.dialogs import Messages, NewProfileDialog
 from acstudio.gui.jobs import JobRunner
@@ -25,7 +25,8 @@ from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.gui.session import prepare
 from acstudio.jobs import check
 from acstudio.plan.model import Plan
-from acstudio.profile.model import Profile
+from acstudio.profile.model import REGIONS, Profile
+from acstudio.views import graph_layout as gl
 from acstudio.workload import WorkloadSpec
 
 make_singletons_immortal()  # PySide6 drops references to None/True on Python 3.11 (see acstudio.gui.qtcompat)
@@ -121,9 +122,38 @@ def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
     state = window.session.state
     assert window.session.floor_bytes < state.plan.budget_bytes < window.session.baseline_bytes
     assert state.plan.feasible and state.plan.predicted_peak_bytes <= state.plan.budget_bytes
-    # ~7k nodes collapse into a navigable number of boxes
-    assert 10 <= len(window.graph.view.items) <= 80
+    # ~7k nodes collapse into a navigable number of boxes: the top-level modules, all readable in the viewport
+    graph = window.graph
+    assert 10 <= len(graph.view.items) <= 80
     assert window.windowTitle().startswith("AC Studio – resnet152 bs64")
+    window.resize(1600, 1000)
+    graph.fit_readable()
+    assert {"forward/layer1", "forward/layer3", "forward/fc"} <= set(graph.readable_boxes())
+    # search names a module: it is selected and centred (as far as the scroll range goes)
+    graph.search.setText("layer3")
+    graph.search.returnPressed.emit()
+    box = graph._boxes[graph._item_index("forward/layer3")]
+    viewport = graph.canvas.viewport().rect()
+    assert graph._selected == "forward/layer3"
+    assert viewport.contains(graph.canvas.mapFromScene(box.rect()).boundingRect())
+    assert box.pen().width() == 3
+    # a click opens it in place: its 36 blocks inside its frame, which sits where the box was
+    graph.canvas.clicked.emit("g:forward/layer3")
+    qtbot.waitUntil(lambda: "forward/layer3" in graph.expanded and not graph.runner.busy)
+    assert sum(it.key.startswith("forward/layer3/") for it in graph.view.items) == 36
+    frame = graph._frames["forward/layer3"].rect()
+    assert viewport.contains(graph.canvas.mapFromScene(frame.topLeft()))
+    # Fit shows everything there is, and nothing else
+    graph.fit()
+    shown = graph.canvas.mapToScene(viewport).boundingRect()
+    assert shown.contains(graph.scene.itemsBoundingRect().adjusted(1, 1, -1, -1))
+    scene = graph.scene.sceneRect()
+    assert shown.width() < scene.width() * 1.05 or shown.height() < scene.height() * 1.05
+    # the backward pass mirrors it, coloured by the activations its modules use
+    graph.direction.setCurrentText("backward")
+    qtbot.waitUntil(lambda: graph.regions == ("loss", "backward", "optimizer") and not graph.runner.busy
+                    and graph.view.items[0].region in graph.regions)
+    assert "backward/layer3" in {it.key for it in graph.view.items}
 
 
 def test_main_parses_arguments_and_renders_a_screenshot(qtbot, tmp_path, tiny_profile_path):
@@ -172,14 +202,18 @@ def test_slider_changes_plan_timeline_graph_and_table(qtbot, window, tiny_profil
     assert window.timeline.budget_line.value() == pytest.approx(session.floor_bytes / 2**30)
 
 
-def test_budget_line_drag_moves_slider_and_plans(qtbot, window, tiny_profile_path):
+def test_budget_line_drag_moves_slider_and_plans_for_the_exact_bytes(qtbot, window, tiny_profile_path):
     open_and_wait(qtbot, window, tiny_profile_path)
     session = window.session
-    target = (session.floor_bytes * 3 + session.baseline_bytes) // 4
+    target = (session.floor_bytes * 3 + session.baseline_bytes) // 4 + 12345  # between two slider steps
     window.timeline.budget_line.setValue(target / 2**30)  # what a drag does
-    tolerance = (session.baseline_bytes - session.floor_bytes) / 500  # one slider step
-    qtbot.waitUntil(lambda: abs(session.state.plan.budget_bytes - target) <= tolerance)
-    assert abs(window.budget.budget_bytes() - target) <= tolerance
+    exact = round(target / 2**30 * 2**30)
+    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == exact)
+    # no snapping to the slider's steps: the plan, the panel and the line keep the dragged budget
+    assert window.budget.budget_bytes() == exact
+    assert window.timeline.budget_line.value() == pytest.approx(target / 2**30, abs=1e-12)
+    assert window.budget.slider.value() == round((exact - session.floor_bytes) * 1000
+                                                 / (session.baseline_bytes - session.floor_bytes))
 
 
 def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
@@ -211,6 +245,51 @@ def test_selection_is_shared_by_timeline_graph_and_table(qtbot, window, tiny_pro
     row = window.table.selectionModel().selectedRows()[0]
     assert row.data() == act.id
     assert act.created_at in window.inspector.toPlainText()
+
+
+def test_table_selection_marks_the_lifetime_and_a_span_selects_what_is_alive(qtbot, window, tiny_profile_path):
+    from acstudio.views.tables import alive_in_span, back_in_memory_at
+
+    open_and_wait(qtbot, window, tiny_profile_path)
+    slide_to_floor(qtbot, window)
+    session, profile = window.session, window.session.loaded.profile
+    plan = session.state.plan
+    entry = plan.schedule[0]
+    row = window.table_model.row_of(entry.activation)
+    window.table.selectRow(window.table_proxy.mapFromSource(window.table_model.index(row, 0)).row())
+    assert session.selected_activation == entry.activation
+    index, act = profile.node_index, profile.activation_by_id[entry.activation]
+    # created, last forward use, the recomputation, first backward use: each a line at its node's x
+    marks = dict(window.timeline.lifetime)
+    assert marks == {"made": index[act.created_at], "last forward use": index[act.last_fw_use],
+                     "recomputed": index[entry.recompute_before], "first backward use": index[act.first_bw_use],
+                     "last use": index[act.last_bw_use]}
+    # a span in the middle of the step: the table keeps only the activations alive there, the graph marks them
+    window.timeline.span_button.setChecked(True)
+    axis = window.timeline.axis
+    middle = (axis.edges[axis.start] + axis.edges[-1]) / 2
+    window.timeline.span.setRegion((middle - 0.001, middle + 0.001))
+    window.timeline._on_span_moved()
+    first, last = axis.nodes_between(middle - 0.001, middle + 0.001)
+    alive = alive_in_span(session.loaded.acts, back_in_memory_at(profile, session.loaded.acts, plan), first, last)
+    assert alive.any() and (session.span_activations == alive).all()
+    assert window.table_proxy.rowCount() == int(alive.sum())
+    assert len(window.graph._span_nodes) == 2 * int(alive.sum())
+    window.timeline.span_button.setChecked(False)
+    assert window.table_proxy.rowCount() == window.table_model.rowCount()
+
+
+def test_status_speaks_to_users_and_pareto_draws_baselines_as_points(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    qtbot.waitUntil(lambda: "recompute-all" in window.budget.others, timeout=60_000)
+    status = window.status_label.text().lower()
+    assert "milp" not in status and "skipped" not in status
+    words = window.budget.status_label.text().replace("<", " <").replace(">", "> ").split()
+    assert not any(a == b for a, b in pairwise(words) if not a.startswith("<"))  # "budget budget"
+    # recompute-all is the point(s) it is, markers without a line; μ-TWO stays a curve
+    rows = window.budget.others["recompute-all"]
+    x, _y = rows.getData()
+    assert rows.opts["pen"] is None and 1 <= len(x) <= 2
 
 
 def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile_path, tmp_path):
@@ -341,12 +420,12 @@ def test_profiling_can_be_cancelled_without_losing_the_open_profile(qtbot, windo
 def test_closing_while_profiling_cancels_and_joins_the_worker(qtbot, window, factory_ref):
     runner = window.runners["profile"]
     window.start_profile(WorkloadSpec(factory_ref, batch_size=8).to_dict(), "cpu")
-    qtbot.waitUntil(lambda: bool(child_processes("acstudio.gui.child")), timeout=10_000)
+    qtbot.waitUntil(lambda: bool(child_processes("acstudio.views.child")), timeout=10_000)
     t0 = time.monotonic()
     window.close()
     assert time.monotonic() - t0 < 15
     assert runner._thread.isFinished()
-    assert not child_processes("acstudio.gui.child")
+    assert not child_processes("acstudio.views.child")
 
 
 def child_processes(text: str) -> list[int]:
@@ -454,14 +533,14 @@ def test_job_runner_reports_errors_as_signals(qtbot):
 def test_module_tree_partitions_nodes_and_expands(tiny_profile_path):
     profile = Profile.load(tiny_profile_path)
     tree = gl.ModuleTree(profile)
-    collapsed = tree.view(frozenset())
+    collapsed = tree.view(frozenset(), REGIONS)
     assert sorted(i for it in collapsed.items for i in it.nodes) == list(range(len(profile.nodes)))
     assert all(collapsed.node_item[i] == k for k, it in enumerate(collapsed.items) for i in it.nodes)
     assert {it.region for it in collapsed.items} <= {"input", "forward", "loss", "backward", "optimizer", "output"}
-    default = tree.view(tree.default_expansion())
+    default = tree.view(tree.default_expansion(), REGIONS)
     assert len(default.items) > len(collapsed.items)
     everything = frozenset(k for i in range(len(profile.nodes)) for k in tree.ancestors(i))
-    full = tree.view(everything)
+    full = tree.view(everything, REGIONS)
     assert all(not it.is_group for it in full.items) and len(full.items) == len(profile.nodes)
     # edges join distinct items, never touch inputs/outputs, and are unique
     regions = [it.region for it in full.items]
@@ -498,20 +577,7 @@ def test_layout_uses_dot_and_caches_it_on_disk(tiny_profile_path, tmp_path):
     assert cache.is_file()
     again = gl.cached_layout(view, profile.fingerprint, expanded, tmp_path)
     assert again.boxes == layout.boxes and again.clusters == layout.clusters
-    # boxes do not overlap, and every expanded group's frame contains its boxes
-    rects = np.array(layout.boxes)
-    for i in range(len(rects)):
-        x, y, w, h = rects[i]
-        other = np.delete(rects, i, axis=0)
-        overlap = (other[:, 0] < x + w - 1) & (other[:, 0] + other[:, 2] > x + 1) & \
-                  (other[:, 1] < y + h - 1) & (other[:, 1] + other[:, 3] > y + 1)
-        assert not overlap.any()
-    frames = {k: r for k, _, r in layout.clusters}
-    for key, _, inside in view.clusters:
-        fx, fy, fw, fh = frames[key]
-        for i in inside:
-            x, y, w, h = layout.boxes[i]
-            assert fx - 1 <= x and x + w <= fx + fw + 1 and fy - 1 <= y and y + h <= fy + fh + 1
+    # the geometry of both layouts is checked in tests/test_gui_views.py
 
 
 def test_missing_dot_falls_back_to_layered_layout(qtbot, window, tiny_profile_path, tmp_path, monkeypatch):
@@ -521,7 +587,11 @@ def test_missing_dot_falls_back_to_layered_layout(qtbot, window, tiny_profile_pa
     assert not gl.dot_available()
     open_and_wait(qtbot, window, tiny_profile_path)
     assert window.graph.layout.engine == "layered"
-    assert "'dot' not found" in window.graph.message
+    assert "'dot' not found" in window.graph.notice
+    # the notice stays in the status bar while it applies, whatever else is said meanwhile
+    window.show_status("something else")
+    slide_to_floor(qtbot, window)
+    assert "'dot' not found" in window.notice_label.text() and window.notice_label.isVisible()
     assert len(window.graph.layout.boxes) == len(window.graph.view.items)
     # and nothing was cached: installing graphviz later gives the real layout
     assert not list((tmp_path / "cache").glob("*.json"))
@@ -554,7 +624,9 @@ def test_drop_opens_the_file_and_hover_names_the_node(qtbot, window, tiny_profil
     profile = window.session.loaded.profile
     node = profile.nodes[len(profile.nodes) // 2]
     vb = window.timeline.plot.getPlotItem().vb
-    window.timeline._on_hover((vb.mapViewToScene(QPointF(profile.node_index[node.id], 0.0)),))
+    window.timeline.axis_choice.setCurrentIndex(window.timeline.axis_choice.findData("order"))
+    x = window.timeline.axis.x(profile.node_index[node.id]) + 0.5
+    window.timeline._on_hover((vb.mapViewToScene(QPointF(x, 0.0)),))
     tip = window.timeline.plot.toolTip()
     assert tip.startswith(f"{node.id} {node.name}") and "retained activations" in tip
 

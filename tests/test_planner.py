@@ -190,8 +190,9 @@ def test_real_profile_end_to_end(tmp_path):
     pl = traj.plan_for_budget(budget)
     _check_plan(p, sim, pl, budget)
     assert pl.feasible and pl.recomputed
-    decisions = pl.decisions(p)
-    assert any(d.startswith("not a candidate: ") and "random" in d for d in decisions.values())
+    kept = mutwo_trajectory(p, Simulator(p, keep_random=True)).plan_for_budget(budget)  # --keep-random
+    assert kept.keep_random and not pl.keep_random
+    assert any(d.startswith("not a candidate: ") and "random" in d for d in kept.decisions(p).values())
     pl.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json", profile=p).recomputed == pl.recomputed
     table = sweep(p, simulator=sim, milp_points=2)

@@ -74,6 +74,14 @@ def run_from(step, model, opt, optimizer_name, batch, seed=0):
     return [loss, *(p.grad for p in m.parameters()), *m.parameters(), *m.buffers(), *state]
 
 
+def check_accounting(gm, profile, predicted: int, rg) -> None:
+    """The storage accounting of a rewritten graph equals the simulator's peak, except that the simulator keeps
+    each saved generator state until its last replay has finished while the graph frees it inside that replay,
+    right after setting it: at most every saved state above (see ReplayGraph.rng_spans)."""
+    actual = max(live_bytes(gm, profile))
+    assert actual <= predicted <= actual + rg.rng_state_bytes * rg.rng_nodes.size
+
+
 def backward_reads(gm, sids, holders, replays=True):
     """(backward node, forward alias node) edges into the given storages; ``replays``: count inserted nodes too."""
     by_id = {n.meta["ac_id"]: n for n in gm.graph.nodes}

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 from conftest import tiny_spec
-from test_rewrite import captured, quick_profile, run_from
+from test_rewrite import captured, check_accounting, quick_profile, run_from
 
 from acstudio.capture import capture_step
 from acstudio.plan import Plan, mutwo_trajectory, plan
@@ -44,7 +44,7 @@ def test_evaluator_equals_rewritten_graph_accounting():
         for chosen in [cands] + [rnd.sample(cands, rnd.randint(1, len(cands))) for _ in range(4)]:
             predicted = simulate_plan(sim, chosen, "shared")
             new = rewrite_step(step, profile, chosen, replay_mode="shared")
-            assert max(live_bytes(new.gm, profile)) == predicted.peak_bytes, model
+            check_accounting(new.gm, profile, predicted.peak_bytes, sim.replay)
             assert predicted.extra_ms == pytest.approx(new.replay_ms), model
             assert predicted.extra_ms == pytest.approx(sum(predicted.recompute_ms.values()))
             assert predicted.timeline.sum(axis=1).max() == predicted.peak_bytes
@@ -90,19 +90,21 @@ def test_planner_picks_the_cheaper_mode_and_it_fits():
 
 
 def test_replay_mode_is_saved_and_old_files_load(tmp_path):
+    from acstudio.plan.schedule import PlanContext
+
     _, _, _, _, profile = captured("bert")
-    p = plan(profile, int(profile.peak_bytes * 0.8))
-    p.replay_mode = "shared"
-    p.save(tmp_path / "p.json")
-    assert Plan.load(tmp_path / "p.json", profile).replay_mode == "shared"
-    doc = json.loads((tmp_path / "p.json").read_text())
-    for legacy, mode in ((True, "shared"), (False, "again")):
+    budget = int(profile.peak_bytes * 0.8)
+    ctx = PlanContext(profile)
+    chosen = ctx.sim.indices(plan(profile, budget).recomputed)
+    for mode, legacy in (("shared", True), ("again", False)):
+        ctx.plan_for_set("mutwo", budget, chosen, mode=mode).save(tmp_path / "p.json")  # loading re-derives it
+        assert Plan.load(tmp_path / "p.json", profile).replay_mode == mode
+        doc = json.loads((tmp_path / "p.json").read_text())
         del doc["replay_mode"]
         doc["share_chains"] = legacy  # files from before replay modes had names
         (tmp_path / "old.json").write_text(json.dumps(doc))
         assert Plan.load(tmp_path / "old.json", profile).replay_mode == mode
-        doc["replay_mode"] = mode
-    del doc["replay_mode"], doc["share_chains"]
+    del doc["share_chains"]
     (tmp_path / "older.json").write_text(json.dumps(doc))
     assert Plan.load(tmp_path / "older.json", profile).replay_mode == "again"
 

@@ -13,17 +13,21 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from acstudio.capture.step import CapturedStep, InputSlot
+from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord
 from acstudio.errors import ProfileFileError
 
-_PY_TARGETS = {"operator.getitem": operator.getitem}
+# Python-level nodes: getitem of multi-output ops, and the scalar arithmetic torch.optim does on hyperparameters
+# and step counters (``lr / (1 - beta1 ** step)``).
+_PY_TARGETS = {f"operator.{name}": getattr(operator, name)
+               for name in ("getitem", "add", "sub", "mul", "truediv", "pow", "neg", "floordiv", "mod")}
+_PY_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
 
 
 def target_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::')[1]}.{target._overloadname}"
-    if target is operator.getitem:
-        return "operator.getitem"
+    if target in _PY_NAMES:
+        return _PY_NAMES[target]
     if isinstance(target, str):
         return target
     raise ProfileFileError(f"cannot serialize graph target {target!r}")
@@ -132,12 +136,15 @@ def serialize_step(step: CapturedStep) -> dict[str, Any]:
             "shape": node.meta["ac_shape"],
             "dtype": node.meta["ac_dtype"],
         })
-    return {
+    out = {
         "nodes": nodes,
         "inputs": [[s.kind, s.key] for s in step.inputs],
         "grad_params": list(step.grad_params),
         "constants": constants,
     }
+    if step.optimizer is not None:
+        out["optimizer"] = step.optimizer.to_dict()
+    return out
 
 
 def deserialize_step(graph: dict[str, Any], device: str | None = None) -> CapturedStep:
@@ -163,7 +170,10 @@ def deserialize_step(graph: dict[str, Any], device: str | None = None) -> Captur
                              ac_shape=rec["shape"], ac_dtype=rec["dtype"])
             env[rec["id"]] = node
         gm = fx.GraphModule(root, g)
-    except (KeyError, ValueError, TypeError) as exc:
+        # Profiles from before hyperparameters were graph inputs have none: their values are graph constants.
+        optimizer = OptimizerRecord.from_dict(graph["optimizer"]) if "optimizer" in graph else None
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        # Profiles are validated on load, but files older than the stored fingerprint can carry edited arguments.
         raise ProfileFileError(f"corrupt graph in profile ({type(exc).__name__}: {exc})") from exc
     return CapturedStep(gm=gm, inputs=[InputSlot(k, key) for k, key in graph["inputs"]],
-                        grad_params=list(graph["grad_params"]))
+                        grad_params=list(graph["grad_params"]), optimizer=optimizer)

@@ -2,10 +2,25 @@
 
 Recipe (see shared/design/mutwo-algorithm.md, E.2): parameters and buffers are swapped for graph inputs with
 ``torch.nn.utils.stateless`` (tied weights stay tied), the optimizer is pointed at those inputs and at its
-lifted state, gradients come from ``torch.autograd.grad`` (no accumulation into ``.grad``), and the optimizer
-runs with ``torch.compiler.is_compiling()`` patched to True so that torch.optim keeps its step counters as
-tensors instead of calling ``.item()``. Regions and module paths are recorded while tracing from the graph's
-length at phase boundaries and module hooks, so no marker ops enter the graph.
+lifted state, and gradients come from ``torch.autograd.grad`` (no accumulation into ``.grad``). Regions and
+module paths are recorded while tracing from the graph's length at phase boundaries and module hooks, so no
+marker ops enter the graph.
+
+Optimizer hyperparameters are graph inputs, not constants. torch.optim takes them as Python numbers and passes
+them (and numbers computed from them, such as ``lr / bias_correction1``) to aten ops as scalar arguments. They
+are traced as symbolic floats (``SymFloat``) of the fake mode's ``ShapeEnv``, placed in the param groups while
+``optimizer.step()`` runs: make_fx then records torch.optim's own scalar arithmetic as Python-level graph nodes
+(``lr / (1 - beta1 ** step)``) feeding the same aten ops with the same scalar values as eager, so a CPU step is
+bitwise the eager ``optimizer.step()`` at any learning rate. Making them 0-dim tensors instead would send
+torch.optim down its tensor-hyperparameter formulas (different rounding, and a host sync per ``.item()``), and
+passing them outside the graph would leave the exported module unable to run by itself. A branch torch.optim
+takes on a value (``if weight_decay != 0``) becomes a ShapeEnv guard, recorded as a condition that
+``load_step`` checks at every call.
+
+Non-capturable groups (the CPU) run torch.optim's eager code, ``.item()`` of the step counter included (an
+unbacked float in the graph). Capturable groups (CUDA Adam/AdamW) keep running with
+``torch.compiler.is_compiling()`` patched to True, the formulas the H200 measurements were made with: step
+counters stay device tensors, so the step never waits for the host.
 """
 
 from __future__ import annotations
@@ -24,7 +39,16 @@ from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
 from acstudio.capture.serialize import tensor_summary
-from acstudio.capture.step import CapturedStep, InputSlot
+from acstudio.capture.step import (
+    HYPERPARAMETERS,
+    CapturedStep,
+    InputSlot,
+    OptimizerRecord,
+    group_value,
+    hyper_key,
+    set_group_value,
+    switches,
+)
 from acstudio.errors import CaptureError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 
@@ -134,20 +158,96 @@ class _PhaseRecorder:
 
 
 @contextlib.contextmanager
-def _optimizer_on(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], state: dict) -> Iterator[None]:
-    """Temporarily point the optimizer's param groups and state at traced tensors."""
-    saved_params = [g["params"] for g in optimizer.param_groups]
+def _optimizer_on(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], state: dict,
+                  hyper: dict[tuple[int, str], Any]) -> Iterator[None]:
+    """Temporarily point the optimizer's param groups, state and hyperparameters at traced values."""
+    saved_groups = [dict(g) for g in optimizer.param_groups]
     saved_state = optimizer.state
     it = iter(params)
     for g in optimizer.param_groups:
         g["params"] = [next(it) for _ in g["params"]]
+    for (g, name), value in hyper.items():
+        set_group_value(optimizer.param_groups[g], name, value)
     optimizer.state = defaultdict(dict, state)
     try:
         yield
     finally:
-        for g, ps in zip(optimizer.param_groups, saved_params):
-            g["params"] = ps
+        for g, saved in zip(optimizer.param_groups, saved_groups):
+            g.update(saved)
         optimizer.state = saved_state
+
+
+def hyperparameter_slots(optimizer: torch.optim.Optimizer) -> list[InputSlot]:
+    """One graph input per numeric hyperparameter of every param group, e.g. ``hyper 0/lr``."""
+    kind = type(optimizer).__name__
+    if kind not in HYPERPARAMETERS:
+        raise CaptureError(f"cannot capture torch.optim.{kind}: AC Studio traces "
+                           f"{', '.join(f'torch.optim.{k}' for k in HYPERPARAMETERS)} — use one of those")
+    return [InputSlot("hyper", f"{g}/{name}") for g in range(len(optimizer.param_groups))
+            for name in HYPERPARAMETERS[kind]]
+
+
+class SymbolicHyperparameters:
+    """A fake mode whose ShapeEnv gives each hyperparameter a symbolic float, hinted with its current value.
+
+    Symbols are never merged by value (no duck sizing) and 0 or 1 is not specialised, so two settings that happen
+    to be equal stay two inputs. After tracing, the guards torch.optim's branches left on them become
+    :class:`OptimizerRecord` conditions.
+    """
+
+    def __init__(self) -> None:
+        import torch._functorch.config as functorch_config
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        self.shape_env = ShapeEnv(duck_shape=False)
+        # The same fake mode make_fx(tracing_mode="fake") would make, with our ShapeEnv.
+        with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=False):
+            self.fake_mode = FakeTensorMode(allow_fallback_kernels=True, shape_env=self.shape_env,
+                                            static_shapes=True)
+        self.key_of: dict[Any, str] = {}  # symbol -> input key
+        self.value_of: dict[Any, float] = {}  # symbol -> traced value
+
+    def fake(self, t: torch.Tensor) -> torch.Tensor:
+        return self.fake_mode.from_tensor(t, static_shapes=True)
+
+    def symbol(self, key: str, value: float):
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        source = ConstantSource(f"hyper_{key.replace('/', '_')}")
+        expr = self.shape_env.create_unspecified_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
+        self.key_of[expr], self.value_of[expr] = key, value
+        return self.shape_env.create_symfloatnode(expr, hint=value, source=source)
+
+    def conditions(self) -> list[tuple[str, str, float]]:
+        """The guards as ``(input key, op, value)``. A guard of another form (none seen for SGD, Adam, AdamW)
+        pins each hyperparameter it involves to its traced value: sound, only less permissive."""
+        import sympy
+
+        ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<"}
+        flipped = {">=": "<=", ">": "<", "<=": ">=", "<": ">", "==": "==", "!=": "!="}
+        out = []
+        for guard in self.shape_env.guards:
+            expr = guard.expr
+            op = ops.get(type(expr))
+            if op and expr.lhs.is_number and expr.rhs in self.key_of:
+                out.append((self.key_of[expr.rhs], flipped[op], float(expr.lhs)))
+            elif op and expr.lhs in self.key_of and expr.rhs.is_number:
+                out.append((self.key_of[expr.lhs], op, float(expr.rhs)))
+            else:
+                pinned = sorted((sym for sym in expr.free_symbols if sym in self.key_of), key=self.key_of.get)
+                out += [(self.key_of[sym], "==", self.value_of[sym]) for sym in pinned]
+        return list(dict.fromkeys(out))
+
+
+def optimizer_record(optimizer: torch.optim.Optimizer, fqn_of: dict[int, str],
+                     conditions: list[tuple[str, str, float]]) -> OptimizerRecord:
+    kind = type(optimizer).__name__
+    groups = [{"params": [fqn_of[id(p)] for p in g["params"]], "switches": switches(g),
+               "hyperparameters": {name: group_value(g, name) for name in HYPERPARAMETERS[kind]}}
+              for g in optimizer.param_groups]
+    return OptimizerRecord(type=kind, groups=groups, conditions=conditions)
 
 
 def capture_step(
@@ -161,6 +261,7 @@ def capture_step(
     cancel: CancelToken | None = None,
 ) -> CapturedStep:
     """Trace one whole training iteration of ``model`` (already on its device) into a ``CapturedStep``."""
+    hyper_slots = hyperparameter_slots(optimizer)
     report(progress, 0, 3, "preparing optimizer state")
     prepare_optimizer(model, optimizer)
     resolve_foreach(optimizer)
@@ -181,13 +282,18 @@ def capture_step(
                 slots.append(InputSlot("opt_state", f"{fqn_of[id(p)]}/{name}"))
     batch_leaves, batch_spec = pytree.tree_flatten(batch)
     slots += [InputSlot("batch", str(i)) for i in range(len(batch_leaves))]
+    slots += hyper_slots
 
     grad_params = [n for n, p in params.items() if p.requires_grad]
     device_type = next(iter(params.values())).device.type if params else "cpu"
     recorder = _PhaseRecorder(model)
-    n_params, n_buffers = len(params), len(buffers)
+    n_params, n_buffers, n_hyper = len(params), len(buffers), len(hyper_slots)
+    # Capturable groups keep torch.optim's compiled-mode formulas (see the module docstring).
+    compiling = (mock.patch("torch.compiler.is_compiling", lambda: True)
+                 if any(g.get("capturable") for g in optimizer.param_groups) else contextlib.nullcontext())
 
-    def step(flat: list[torch.Tensor]):
+    def step(flat: list):
+        flat, hyper_values = flat[:len(flat) - n_hyper], flat[len(flat) - n_hyper:]
         p_t = dict(zip(params, flat[:n_params]))
         b_t = dict(zip(buffers, flat[n_params:n_params + n_buffers]))
         for name in grad_params:
@@ -215,8 +321,8 @@ def capture_step(
             for name, g in zip(grad_params, grads):
                 p_t[name].grad = g
             traced_params = [p_t[fqn_of[id(p)]] for p in group_params]
-            with _optimizer_on(optimizer, traced_params, state), \
-                    mock.patch("torch.compiler.is_compiling", lambda: True):
+            hyper = {hyper_key(slot.key): value for slot, value in zip(hyper_slots, hyper_values)}
+            with _optimizer_on(optimizer, traced_params, state, hyper), compiling:
                 optimizer.step()
             for name in grad_params:
                 p_t[name].grad = None
@@ -226,6 +332,11 @@ def capture_step(
     for p in group_params:
         flat += [v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
     flat += batch_leaves
+    symbolic = SymbolicHyperparameters()
+    flat = [symbolic.fake(t) if isinstance(t, torch.Tensor) else t for t in flat]
+    for slot in hyper_slots:
+        g, name = hyper_key(slot.key)
+        flat.append(symbolic.symbol(slot.key, group_value(optimizer.param_groups[g], name)))
     report(progress, 1, 3, "tracing forward, backward and optimizer")
     try:
         gm = make_fx(step, tracing_mode="fake")(flat)
@@ -233,6 +344,7 @@ def capture_step(
         raise
     except Exception as exc:
         raise CaptureError(describe_trace_failure(exc)) from exc
+    record = optimizer_record(optimizer, fqn_of, symbolic.conditions())
     check(cancel)
     report(progress, 2, 3, "labelling nodes")
     # Plain positional calling convention (``gm(*flat)``), the same as a graph rebuilt from a profile file.
@@ -240,7 +352,7 @@ def capture_step(
     gm.recompile()
     label_graph(gm, recorder)
     report(progress, 3, 3, "captured")
-    return CapturedStep(gm=gm, inputs=slots, grad_params=grad_params)
+    return CapturedStep(gm=gm, inputs=slots, grad_params=grad_params, optimizer=record)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,14 @@
 """``load_step``: bind an exported step to a live model and optimizer, refusing any that it was not made for.
 
 The exported graph is specialised to what was captured: parameter and buffer shapes and dtypes, the batch's
-structure and shapes, the optimizer's update rule with its hyperparameters as constants, and the device. All of
-that is checked against ``manifest.json`` before (and the hyperparameters and batch again at every call), so a
-mismatch is a clear error instead of a wrong update.
+structure and shapes, the optimizer's type, param groups and boolean switches, and the device. All of that is
+checked against ``manifest.json`` before, so a mismatch is a clear error instead of a wrong update.
+
+The optimizer's hyperparameters (lr, betas, eps, momentum, dampening, weight decay) are graph inputs: every call
+reads them from ``optimizer.param_groups``, so an LR scheduler (or any other change) takes effect on the next
+call. Only the branches torch.optim took on them while tracing (weight decay zero or not, momentum zero or
+not) are checked at every call. Exports of older profiles have the values baked in as constants: any change
+is refused, as before.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from acstudio.capture.step import CapturedStep, InputSlot
+from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord
 from acstudio.capture.tracer import prepare_optimizer
 from acstudio.errors import ACStudioError
 from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
@@ -47,14 +52,15 @@ class LoadedStep:
         # The generated module has the captured graph's calling convention, so CapturedStep can feed it.
         self._step = CapturedStep(gm=module.Step(self.device),
                                   inputs=[InputSlot(i["kind"], i["key"]) for i in manifest["inputs"]],
-                                  grad_params=list(manifest["grad_params"]))
+                                  grad_params=list(manifest["grad_params"]), optimizer=optimizer_record(manifest))
 
     def __call__(self, batch: Any) -> torch.Tensor:
-        check_hyperparameters(self.manifest, self.optimizer)
+        check_hyperparameters(self.manifest, self.optimizer, self._step.optimizer)
         # Tensors the graph creates go to the current device: make that the model's GPU.
         on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
         with on_device:
-            return self._step.run(self.model, self.optimizer, ordered_batch(self.manifest, batch))
+            loss = self._step.run(self.model, self.optimizer, ordered_batch(self.manifest, batch))
+        return loss.detach()
 
 
 def load_step(directory: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> LoadedStep:
@@ -112,7 +118,15 @@ def check_model(manifest: dict, model: torch.nn.Module) -> None:
     _refuse(problems, "model")
 
 
-def _hyper_problems(manifest: dict, optimizer: torch.optim.Optimizer) -> list[str]:
+def optimizer_record(manifest: dict) -> OptimizerRecord | None:
+    """What the step needs from its optimizer; None for an export whose hyperparameters are graph constants."""
+    if any(i["kind"] == "hyper" for i in manifest["inputs"]):
+        return OptimizerRecord.from_dict(manifest["optimizer"])
+    return None
+
+
+def _baked_in_problems(manifest: dict, optimizer: torch.optim.Optimizer) -> list[str]:
+    """For an export with constant hyperparameters: every group must have exactly the captured values."""
     expected = manifest["optimizer"]["hyperparameters"]
     problems = []
     for g, group in enumerate(optimizer.param_groups):
@@ -124,19 +138,30 @@ def _hyper_problems(manifest: dict, optimizer: torch.optim.Optimizer) -> list[st
 
 
 def check_optimizer(manifest: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Refuse another optimizer type, parameter set, param-group layout or switch; accept any hyperparameters
+    the traced update can follow."""
     kind = manifest["optimizer"]["type"]
     if type(optimizer).__name__ != kind:
         raise ExportMismatchError(f"this step was exported for torch.optim.{kind}, got {type(optimizer).__name__}")
-    problems = _hyper_problems(manifest, optimizer)
+    record = optimizer_record(manifest)
+    if record is not None:
+        _refuse(record.problems(model, optimizer), "optimizer")
+        return
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    problems += [f"the optimizer does not update parameter {n}" for n, p in model.named_parameters()
-                 if id(p) not in held]
-    _refuse(problems, "optimizer")
+    problems = [f"the optimizer does not update parameter {n}" for n, p in model.named_parameters()
+                if id(p) not in held]
+    _refuse(problems + _baked_in_problems(manifest, optimizer), "optimizer")
 
 
-def check_hyperparameters(manifest: dict, optimizer: torch.optim.Optimizer) -> None:
-    """Refuse a changed learning rate (e.g. by an LR scheduler): the exported graph has it as a constant."""
-    problems = _hyper_problems(manifest, optimizer)
+def check_hyperparameters(manifest: dict, optimizer: torch.optim.Optimizer, record: OptimizerRecord | None) -> None:
+    """At every call: hyperparameters still within what the exported graph computes (e.g. after an LR
+    scheduler's step). ``record`` is :func:`optimizer_record` of the manifest."""
+    if record is not None:
+        problems = record.violated(optimizer)
+        if problems:
+            raise ExportMismatchError(f"the optimizer changed since load_step: {problems[0]}")
+        return
+    problems = _baked_in_problems(manifest, optimizer)
     if problems:
         raise ExportMismatchError(f"the optimizer changed since load_step: {problems[0]}; the exported step bakes "
                                   "its hyperparameters in, so export again for the new settings")

@@ -4,8 +4,8 @@
 ``step.py`` is the rewritten graph's generated code with the imports it needs, so it runs with torch alone;
 :func:`acstudio.load_step` binds it to a live model and optimizer after checking them against ``manifest.json``.
 Everything a graph bakes in is recorded there: the parameters, buffers and batch it was traced for (shapes are
-static), the optimizer type and hyperparameters (the learning rate is a constant in the graph), the precision
-and device.
+static), the optimizer type, param groups and the branches its update took (its hyperparameters are graph
+inputs, read at every call), the precision and device.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from acstudio.capture.serialize import deserialize_step
-from acstudio.capture.step import CapturedStep
+from acstudio.capture.step import IMPLEMENTATION_FLAGS, CapturedStep
 from acstudio.export.formats import ExportError, ExportFormat, ExportJob, register_format
 from acstudio.fileio import write_document
 from acstudio.plan.budget import format_bytes
@@ -37,8 +37,6 @@ MANIFEST_SCHEMA = "acstudio.export"
 MANIFEST_VERSION = 1
 MODULE = "step.py"
 CONSTANTS = "constants.pt"
-# Optimizer settings that choose an implementation, not the update rule the graph computes.
-IMPLEMENTATION_FLAGS = {"foreach", "fused", "capturable", "differentiable"}
 
 
 def rewritten(job: ExportJob) -> tuple[CapturedStep, RewrittenStep]:
@@ -76,7 +74,8 @@ def _shape(text: str) -> list[int]:
 
 
 def optimizer_description(name: str) -> dict[str, Any]:
-    """Type and update-rule hyperparameters of the workload's optimizer, as torch.optim builds it."""
+    """Type and update-rule hyperparameters of the workload's optimizer, as torch.optim builds it: for a profile
+    captured with its hyperparameters as graph constants (newer steps record their optimizer themselves)."""
     opt = make_optimizer(name, [torch.nn.Parameter(torch.zeros(1))])
     hyper = {k: list(v) if isinstance(v, tuple) else v for k, v in opt.defaults.items()
              if k not in IMPLEMENTATION_FLAGS}
@@ -101,7 +100,7 @@ def build_manifest(profile: Profile, step: RewrittenStep, spec: WorkloadSpec, re
         "buffers": {i["key"]: {"shape": i["shape"], "dtype": i["dtype"]} for i in inputs if i["kind"] == "buffer"},
         "batch": [{"path": pytree.keystr(path), "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
                   for path, t in leaves],
-        "optimizer": optimizer_description(spec.optimizer),
+        "optimizer": step.optimizer.to_dict() if step.optimizer else optimizer_description(spec.optimizer),
         "recomputed": recomputed,
         "module": MODULE,
     }

@@ -7,6 +7,7 @@ without a display (offscreen platform) and never touches the user's settings.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import tempfile
@@ -15,6 +16,19 @@ from pathlib import Path
 import acstudio
 
 PREFERRED_SAMPLE = "h200_resnet152_bs64_adam.json.gz"
+# What Qt's xcb platform plugin loads beyond Qt itself, and the Debian package of each. Without one of these
+# Qt aborts the process (rc 134) and its hint names a different package.
+XCB_LIBRARIES = {
+    "libxcb.so.1": "libxcb1", "libX11-xcb.so.1": "libx11-xcb1", "libxcb-cursor.so.0": "libxcb-cursor0",
+    "libxcb-icccm.so.4": "libxcb-icccm4", "libxcb-image.so.0": "libxcb-image0",
+    "libxcb-keysyms.so.1": "libxcb-keysyms1", "libxcb-randr.so.0": "libxcb-randr0",
+    "libxcb-render-util.so.0": "libxcb-render-util0", "libxcb-render.so.0": "libxcb-render0",
+    "libxcb-shape.so.0": "libxcb-shape0", "libxcb-shm.so.0": "libxcb-shm0", "libxcb-sync.so.1": "libxcb-sync1",
+    "libxcb-util.so.1": "libxcb-util1", "libxcb-xfixes.so.0": "libxcb-xfixes0", "libxcb-xkb.so.1": "libxcb-xkb1",
+    "libxkbcommon-x11.so.0": "libxkbcommon-x11-0", "libxkbcommon.so.0": "libxkbcommon0",
+    "libfontconfig.so.1": "libfontconfig1", "libdbus-1.so.3": "libdbus-1-3", "libEGL.so.1": "libegl1",
+    "libGL.so.1": "libgl1",
+}
 USAGE = "usage: acstudio [FILE] | acstudio --screenshot OUT.png [FILE]"
 
 
@@ -33,6 +47,25 @@ def default_profile_path() -> Path | None:
         found += sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
     found.sort(key=lambda p: (not p.name.startswith(("h200", "gpu", "cuda", "a100", "h100")), p.name))
     return found[0] if found else None
+
+
+def uses_xcb() -> bool:
+    """Will Qt pick its X11 (xcb) platform plugin? Only then are the X libraries needed."""
+    platform = os.environ.get("QT_QPA_PLATFORM", "")
+    if platform:
+        return platform.split(":")[0] == "xcb"
+    return bool(os.environ.get("DISPLAY")) and not os.environ.get("WAYLAND_DISPLAY")
+
+
+def missing_xcb_packages(libraries: dict[str, str] = XCB_LIBRARIES) -> list[str]:
+    """Debian packages of the libraries Qt's xcb plugin needs that cannot be loaded here."""
+    missing = []
+    for soname, package in libraries.items():
+        try:
+            ctypes.CDLL(soname)
+        except OSError:
+            missing.append(package)
+    return missing
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, str | None]:
@@ -56,6 +89,11 @@ def main(argv: list[str]) -> int:
         return 2
     if shot is not None and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    missing = missing_xcb_packages() if uses_xcb() else []
+    if missing:
+        print(f"acstudio: error: the window cannot open: Qt's X11 plugin needs libraries that are not installed — "
+              f"install them with: apt-get install {' '.join(missing)}", file=sys.stderr)
+        return 2
 
     from PySide6.QtWidgets import QApplication
 

@@ -23,10 +23,12 @@ from PySide6.QtWidgets import (
 
 from acstudio.gui.timeline import cache_pixmaps
 from acstudio.plan.budget import format_bytes
+from acstudio.views.pareto import pareto_shape
 
 GIB = float(2**30)
 STEPS = 1000  # slider resolution between the floor and the baseline peak
 DEBOUNCE_MS = 40
+SOLVER_SYMBOLS = ["s", "d", "t", "star", "p"]
 SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120), (0, 150, 170)]
 
 
@@ -38,6 +40,7 @@ class BudgetPanel(QWidget):
     def __init__(self, solvers: tuple[str, ...], parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._floor, self._top = 0, 1
+        self._budget = 0  # bytes, exact: the slider shows it at its resolution, a line drag sets it to the byte
         self._syncing = False
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setRange(0, STEPS)
@@ -108,10 +111,16 @@ class BudgetPanel(QWidget):
         self.range_label.setText(f"floor {format_bytes(self._floor)} · no checkpointing {format_bytes(self._top)}")
 
     def budget_bytes(self) -> int:
-        return round(self._floor + (self._top - self._floor) * self.slider.value() / STEPS)
+        return self._budget
+
+    def slider_bytes(self, value: int | None = None) -> int:
+        """The budget at slider position ``value`` (default: where the slider is)."""
+        value = self.slider.value() if value is None else value
+        return round(self._floor + (self._top - self._floor) * value / STEPS)
 
     def set_budget(self, budget_bytes: int) -> None:
         """Move slider and spin box to ``budget_bytes`` without emitting anything."""
+        self._budget = int(budget_bytes)
         self._syncing = True
         try:
             frac = (budget_bytes - self._floor) / (self._top - self._floor)
@@ -128,7 +137,7 @@ class BudgetPanel(QWidget):
     def _on_slider(self, _value: int) -> None:
         if self._syncing:
             return
-        budget = self.budget_bytes()
+        budget = self._budget = self.slider_bytes()
         self._syncing = True
         try:
             self.spin.setValue(budget / GIB)
@@ -159,7 +168,11 @@ class BudgetPanel(QWidget):
         self.count_label.setText(f"{recomputed} of {candidates} activations")
         colour = "#207020" if feasible else "#b01010"
         text = "fits the budget" if feasible else "does not fit"
-        self.status_label.setText(f'<span style="color:{colour}"><b>{text}</b></span> {reason}')
+        # the headline already says whether the budget is met: keep only what the reason adds
+        for said in ("budget met", "budget not met"):
+            reason = reason.removeprefix(said).lstrip(";, ")
+        detail = f" ({reason})" if reason else ""
+        self.status_label.setText(f'<span style="color:{colour}"><b>{text}</b></span>{detail}')
 
     def set_curve(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
         """The μ-TWO curve; the view spans it up to where it reaches its floor (the long flat tail is off-screen)."""
@@ -173,15 +186,27 @@ class BudgetPanel(QWidget):
             item.setYRange(y.min() / GIB, y.max() / GIB, padding=0.05)
 
     def set_other(self, solver: str, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
-        curve = self.others.get(solver)
-        if curve is None:
-            r, g, b = SOLVER_COLOURS[len(self.others) % len(SOLVER_COLOURS)]
-            curve = self.pareto.getPlotItem().plot([], [], pen=pg.mkPen((r, g, b), width=1), symbol="o",
-                                                   symbolSize=5, symbolBrush=(r, g, b), name=solver)
-            cache_pixmaps(curve.curve, curve.scatter)
-            self.others[solver] = curve
-        order = np.argsort(extra_ms)
-        curve.setData(np.asarray(extra_ms, dtype=float)[order], np.asarray(peak_bytes, dtype=float)[order] / GIB)
+        """Another solver's operating points, drawn as what they are (see :func:`pareto_shape`): a line when
+        its sweep traces a curve, markers when it has only a few distinct plans (recompute-all is one point
+        per replay mode, not a line across the chart)."""
+        old = self.others.pop(solver, None)
+        if old is not None:
+            self.pareto.getPlotItem().removeItem(old)
+            self.pareto.getPlotItem().legend.removeItem(old)
+        x, y, as_curve = pareto_shape(extra_ms, peak_bytes)
+        r, g, b = SOLVER_COLOURS[len(self.others) % len(SOLVER_COLOURS)]
+        if as_curve:
+            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=pg.mkPen((r, g, b), width=2), name=solver)
+        else:
+            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=None, symbol=SOLVER_SYMBOLS[len(self.others) % len(
+                SOLVER_SYMBOLS)], symbolSize=9, symbolBrush=(r, g, b), symbolPen=pg.mkPen("k"), name=solver)
+            curve.setZValue(5)  # baseline points sit on top of any curve
+        cache_pixmaps(curve.curve, curve.scatter)
+        self.others[solver] = curve
+
+    def set_notes(self, notes: list[str]) -> None:
+        """Remarks about the chart (solvers left out, and why), shown as its tooltip."""
+        self.pareto.setToolTip("\n".join(notes))
 
     def clear_others(self) -> None:
         for curve in self.others.values():

@@ -112,7 +112,7 @@ class NewProfileDialog(QDialog):
         self.result_spec: dict | None = None
 
     def set_environment(self, env: dict) -> None:
-        """Fill the choices from :func:`~acstudio.gui.child.probe_environment`'s answer."""
+        """Fill the choices from :func:`~acstudio.views.child.probe_environment`'s answer."""
         self.models.clear()
         self._family = {}
         for family, names in env["models"].items():

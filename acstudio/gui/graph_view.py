@@ -1,21 +1,25 @@
-"""Node graph view: module groups laid out once per expansion state, recoloured on every plan change.
+"""Node graph view: modules top to bottom, expanded in place, coloured by what the plan does to them.
 
-Click a collapsed group to expand it, click an expanded group's frame to collapse it, click a node to
-select it. Layouts are computed by :mod:`acstudio.gui.graph_layout` in a background job; while one runs the
-previous drawing stays. Colours come from per-node decision arrays aggregated per visible item with
-``numpy.bincount``, so a plan change costs one pass over the nodes and one brush per item.
+Bound to the :class:`~acstudio.gui.session.Session` like napari's ``QtDims(dims)``: it draws the session's
+module tree when a profile loads, recolours on every plan, outlines the session's selection and the timeline
+span, and tells the session what the user clicked. Click a module to expand it, click an expanded module's
+frame to collapse it, click an op to select it.
+
+Layouts come from :mod:`acstudio.views.graph_layout` in a background job and are kept per expansion state, so
+going back to a state redraws at once. Colours come from per-node arrays aggregated per box with
+``numpy.bincount``: a plan change costs one pass over the nodes and one brush per box.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
+    QComboBox,
     QGraphicsItem,
     QGraphicsPathItem,
     QGraphicsRectItem,
@@ -30,32 +34,37 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from acstudio.gui import graph_layout as gl
 from acstudio.gui.jobs import JobRunner
+from acstudio.jobs import check
+from acstudio.views import graph_layout as gl
+from acstudio.views.tables import Decisions
 
 RETAINED = QColor(70, 130, 220)
 RECOMPUTED = QColor(220, 60, 60)
 REPLAYED = QColor(240, 160, 50)
 INSERTED = QColor(170, 0, 170)
-REGION_FILL = {"input": QColor(225, 225, 225), "forward": QColor(225, 235, 250), "loss": QColor(250, 240, 210),
-               "backward": QColor(225, 245, 230), "optimizer": QColor(238, 228, 248), "output": QColor(225, 225, 225)}
-MIN_FIT_SCALE = 0.45
+SPAN = QColor(0, 170, 120)
+REGION_FILL = {"input": QColor(225, 225, 225), "forward": QColor(232, 238, 248), "loss": QColor(250, 240, 210),
+               "backward": QColor(232, 245, 235), "optimizer": QColor(240, 232, 248), "output": QColor(225, 225, 225)}
+READABLE_PT = 9.0  # smallest label size, in points on screen, that counts as readable
+LAUNCH_MAX_SCALE = 1.4  # a small graph is shown a little larger, never huge
 KEY_ROLE = 0  # QGraphicsItem.data slot holding the item key ("g:<group>", "n:<node id>" or "c:<cluster>")
+CACHE_LAYOUTS = 32
 
 
-@dataclass
-class Decisions:
-    """Per-node facts of one plan (arrays over profile nodes), the input of :meth:`GraphView.recolour`."""
-
-    recomputed_bytes: np.ndarray  # bytes of activations this node allocates that the plan recomputes
-    retained_bytes: np.ndarray  # ... that the plan keeps (candidates and non-candidates alike)
-    replayed: np.ndarray  # 1 where the node is re-executed in backward to recompute something
-    inserted: np.ndarray  # number of recomputations inserted just before this node
+def layout_job(tree: gl.ModuleTree, expanded: frozenset[str], regions: tuple[str, ...], cache_dir: str | None,
+               progress, cancel):
+    return gl.laid_out(tree, expanded, regions, cache_dir)
 
 
-def layout_job(tree: gl.ModuleTree, expanded: frozenset[str], cache_dir: str | None, progress, cancel):
-    view = tree.view(expanded)
-    return expanded, view, gl.cached_layout(view, tree.profile.fingerprint, expanded, cache_dir)
+def prefetch_job(tree: gl.ModuleTree, states: list[frozenset[str]], regions: tuple[str, ...], cache_dir: str | None,
+                 progress, cancel) -> list:
+    """Lay out the states one click away (each shown module opened), so that a click draws at once."""
+    done = []
+    for expanded in states:
+        check(cancel)
+        done.append(layout_job(tree, expanded, regions, cache_dir, progress, cancel))
+    return done
 
 
 def _mix(a: QColor, b: QColor, t: float) -> QColor:
@@ -64,7 +73,17 @@ def _mix(a: QColor, b: QColor, t: float) -> QColor:
 
 
 def _plain_pen(item: gl.Item) -> QPen:
-    return QPen(QColor(90, 90, 90), 1.2 if item.is_group else 0.6)
+    return QPen(QColor(90, 90, 90), 1.2 if item.is_group else 0.8)
+
+
+def label_fonts() -> tuple[QFont, QFont]:
+    """Title and detail fonts of a box (point sizes in scene units: at zoom 1 they read at that size)."""
+    title = QFont()
+    title.setPointSizeF(gl.FONT_PT)
+    title.setBold(True)
+    detail = QFont()
+    detail.setPointSizeF(gl.FONT_PT - 1)
+    return title, detail
 
 
 class _Canvas(QGraphicsView):
@@ -78,6 +97,7 @@ class _Canvas(QGraphicsView):
         self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
         self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
         self.setViewportUpdateMode(QGraphicsView.ViewportUpdateMode.BoundingRectViewportUpdate)
+        self.setBackgroundBrush(QBrush(QColor(252, 252, 252)))
         self._press: QPointF | None = None
 
     def wheelEvent(self, event) -> None:
@@ -107,113 +127,196 @@ class _Canvas(QGraphicsView):
 
 
 class GraphView(QWidget):
-    """The graph panel: search bar, legend and the zoomable canvas."""
+    """The graph panel: direction, search, Fit, the legend and the zoomable canvas, bound to ``session``."""
 
-    nodeSelected = Signal(str)
-    status = Signal(str)
+    noticeChanged = Signal(str)  # a lasting note about the graph ("" when none applies)
 
-    def __init__(self, cache_dir: str | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, session, cache_dir: str | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.session = session
         self.cache_dir = cache_dir
         self.scene = QGraphicsScene(self)
         self.canvas = _Canvas(self.scene)
         self.canvas.clicked.connect(self._on_clicked)
-        self.search = QLineEdit(placeholderText="Search node name, op or module (Enter: next match)")
+        self.direction = QComboBox()
+        self.direction.addItems(list(gl.SHOWN_REGIONS))
+        self.direction.setCurrentText(gl.DEFAULT_PASS)
+        self.direction.setToolTip("Which pass the graph shows: forward (with the loss), backward (with the "
+                                  "optimizer update) or the whole iteration")
+        self.direction.currentTextChanged.connect(lambda _text: self.set_expanded(self.expanded))
+        self.search = QLineEdit(placeholderText="Find a module, op or node (Enter: next match)")
         self.search.returnPressed.connect(self.next_match)
         self.search.textChanged.connect(self._on_search_changed)
         self.matches_label = QLabel("")
         fit = QPushButton("Fit")
+        fit.setToolTip("Zoom to show the whole graph as it is expanded now")
         fit.clicked.connect(self.fit)
         collapse = QPushButton("Collapse all")
         collapse.clicked.connect(self.collapse_all)
         bar = QHBoxLayout()
-        bar.addWidget(self.search, 1)
-        bar.addWidget(self.matches_label)
+        bar.addWidget(QLabel("Show"))
+        bar.addWidget(self.direction)
+        bar.addStretch(1)
         bar.addWidget(fit)
         bar.addWidget(collapse)
+        find = QHBoxLayout()
+        find.addWidget(self.search, 1)
+        find.addWidget(self.matches_label)
         legend = QLabel(
-            f'<span style="color:{RETAINED.name()}">■</span> retained '
-            f'<span style="color:{RECOMPUTED.name()}">■</span> recomputed '
-            f'<span style="color:{REPLAYED.name()}">■</span> replayed in backward '
-            f'<span style="color:{INSERTED.name()}">□</span> recomputation inserted before · '
-            "shade = activation bytes, width = bytes allocated")
+            f'<span style="color:{RETAINED.name()}">■</span> kept '
+            f'<span style="color:{_mix(RETAINED, RECOMPUTED, 0.5).name()}">■</span> mixed '
+            f'<span style="color:{RECOMPUTED.name()}">■</span> recomputed (by bytes) '
+            f'<span style="color:{REPLAYED.name()}">■</span> re-run in backward '
+            f'<span style="color:{INSERTED.name()}">□</span> recomputation inserted before')
+        legend.setWordWrap(True)
+        legend.setToolTip("Click a module to open it, click its frame to close it, click an op to select it")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(bar)
+        layout.addLayout(find)
         layout.addWidget(legend)
         layout.addWidget(self.canvas, 1)
         self.runner = JobRunner("layout", self)
         self.runner.resultReady.connect(self._on_layout)
-        self.runner.failed.connect(lambda msg, _details: self.status.emit(f"Graph layout failed: {msg}"))
+        self.runner.failed.connect(lambda msg, _details: self._set_notice(f"Graph layout failed: {msg}"))
+        # graphviz takes a few hundred ms per layout: the states one click away are laid out ahead, quietly
+        self.prefetcher = JobRunner("layout prefetch", self)
+        self.prefetcher.resultReady.connect(self._on_prefetched)
         self.tree: gl.ModuleTree | None = None
         self.expanded: frozenset[str] = frozenset()
         self.view: gl.View | None = None
         self.layout: gl.Layout | None = None
+        self._layouts: dict[tuple[frozenset[str], tuple[str, ...]], tuple[gl.View, gl.Layout]] = {}
         self._boxes: list[QGraphicsRectItem] = []
+        self._frames: dict[str, QGraphicsRectItem] = {}
         self._pens: list[QPen] = []
         self._decisions: Decisions | None = None
         self._selected = ""
-        self._matches: list[int] = []
+        self._span_nodes = np.zeros(0, dtype=np.int64)
+        self._matches: list[int] = []  # nodes whose name, op or module contains the search text
+        self._module_matches: list[str] = []  # modules the search text names
+        self._index_of_group: dict[str, int] = {}
         self._match_pos = -1
         self._focus_after_layout = ""
-        self._fit_after_layout = False
-        self.message = ""  # the last layout's status line
+        self._anchor: tuple[str, QPointF] | None = None  # keep this group where it was on screen
+        self._launch_zoom = False
+        self.notice = ""
+        session.loadedChanged.connect(lambda loaded: self.set_tree(loaded.tree, loaded.first_graph))
+        session.planChanged.connect(lambda state: self.recolour(session.graph_decisions(state)))
+        session.selectionChanged.connect(self.select_node)
+        session.spanChanged.connect(self.show_span)
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return gl.SHOWN_REGIONS[self.direction.currentText()]
 
     # -- profile and layout ----------------------------------------------------------------------------------
-    def set_tree(self, tree: gl.ModuleTree) -> None:
+    def set_tree(self, tree: gl.ModuleTree, first: tuple | None = None) -> None:
+        """A new profile's graph; ``first`` (a :func:`~acstudio.views.graph_layout.laid_out` result made while
+        the profile loaded) is drawn at once when it shows what the view is set to show."""
+        self.prefetcher.cancel()
         self.tree = tree
         self._selected = ""
         self._matches = []
+        self._module_matches = []
+        self._span_nodes = np.zeros(0, dtype=np.int64)
         self._decisions = None
+        self._layouts = {}
         self.scene.clear()
         self._boxes = []
+        self._frames = {}
         self.view = self.layout = None
-        self._fit_after_layout = True
-        self.set_expanded(tree.default_expansion())
+        self._launch_zoom = True
+        if first is not None and first[1] == self.regions:
+            self._on_layout(first)
+        else:
+            self.set_expanded(tree.default_expansion())
 
     def set_expanded(self, expanded: frozenset[str]) -> None:
+        """Show ``expanded``: at once if laid out before, else when the background layout arrives."""
         if self.tree is None:
             return
-        self.status.emit("Laying out the graph…")
-        self.runner.submit(partial(layout_job, self.tree, frozenset(expanded), self.cache_dir))
+        key = (frozenset(expanded), self.regions)
+        if key in self._layouts:
+            self.runner.cancel()
+            self._show(key[0], key[1], *self._layouts[key])
+            return
+        self.runner.submit(partial(layout_job, self.tree, key[0], key[1], self.cache_dir))
 
     def _on_layout(self, result) -> None:
-        expanded, view, layout = result
+        expanded, regions, view, layout = result
+        self._layouts[(expanded, regions)] = (view, layout)
+        while len(self._layouts) > CACHE_LAYOUTS:
+            self._layouts.pop(next(iter(self._layouts)))
+        if regions == self.regions:
+            self._show(expanded, regions, view, layout)
+
+    def _on_prefetched(self, results: list) -> None:
+        for expanded, regions, view, layout in results:
+            self._layouts.setdefault((expanded, regions), (view, layout))
+        while len(self._layouts) > CACHE_LAYOUTS:
+            self._layouts.pop(next(iter(self._layouts)))
+
+    def _prefetch(self) -> None:
+        """After a dot layout, lay out ahead what opening each shown module would show."""
+        if self.layout is None or self.layout.engine != "dot":
+            return
+        regions = self.regions
+        groups = sorted((it for it in self.view.items if it.is_group), key=lambda it: -len(it.nodes))  # likeliest
+        ahead = [self.expanded | {it.key} for it in groups]
+        ahead = [e for e in ahead if (e, regions) not in self._layouts][:CACHE_LAYOUTS // 2]
+        if ahead:
+            self.prefetcher.submit(partial(prefetch_job, self.tree, ahead, regions, self.cache_dir))
+
+    def _show(self, expanded: frozenset[str], regions: tuple[str, ...], view: gl.View, layout: gl.Layout) -> None:
         self.expanded, self.view, self.layout = expanded, view, layout
         self._draw()
         if self._decisions is not None:
             self.recolour(self._decisions)
         self._outline()
         if layout.engine == "dot":
-            self.message = f"Graph: {len(view.items)} boxes, {len(view.edges)} edges (graphviz dot)"
+            self._set_notice("")
         else:
-            self.message = (f"Graph: graphviz 'dot' not found, using a simple layered layout "
-                            f"({len(view.items)} boxes); install graphviz for a better one")
-        self.status.emit(self.message)
-        if self._fit_after_layout:
-            self._fit_after_layout = False
-            self.fit()
+            self._set_notice("Graph: graphviz 'dot' not found, using the built-in layout (apt-get install graphviz "
+                             "for a tidier one)")
+        if self._launch_zoom:
+            self._launch_zoom = False
+            self.fit_readable()
+        elif self._anchor is not None and self._anchor[0] in self._frames:
+            key, at = self._anchor
+            frame = self._frames[key].rect()
+            # scroll so that the opened module's top-left stays under the same viewport point
+            here = self.canvas.mapFromScene(frame.topLeft())
+            bar_h, bar_v = self.canvas.horizontalScrollBar(), self.canvas.verticalScrollBar()
+            bar_h.setValue(bar_h.value() + round(here.x() - at.x()))
+            bar_v.setValue(bar_v.value() + round(here.y() - at.y()))
+        self._anchor = None
         if self._focus_after_layout:
-            self._center_on_node(self._focus_after_layout)
+            self._center_on(self._focus_after_layout)
             self._focus_after_layout = ""
+        self._prefetch()
+
+    def _set_notice(self, text: str) -> None:
+        if text != self.notice:
+            self.notice = text
+            self.noticeChanged.emit(text)
 
     def _draw(self) -> None:
         self.scene.clear()
         self._boxes = []
-        font = QFont()
-        font.setPointSizeF(7)
-        title_font = QFont()
-        title_font.setPointSizeF(8)
-        title_font.setBold(True)
-        for depth_key, label, (x, y, w, h) in self.layout.clusters:
-            frame = self.scene.addRect(QRectF(x, y, w, h), QPen(QColor(150, 150, 150), 1, Qt.PenStyle.DashLine),
-                                       QBrush(QColor(0, 0, 0, 10)))
-            frame.setZValue(-5 + depth_key.count(gl.SEP) * 0.1)
-            frame.setData(KEY_ROLE, f"c:{depth_key}")
-            frame.setToolTip(f"{depth_key} (click the frame to collapse)")
-            text = QGraphicsSimpleTextItem(label, frame)
+        self._frames = {}
+        title_font, detail_font = label_fonts()
+        title_metrics, detail_metrics = QFontMetricsF(title_font), QFontMetricsF(detail_font)
+        for key, label, (x, y, w, h) in self.layout.clusters:
+            frame = self.scene.addRect(QRectF(x, y, w, h), QPen(QColor(140, 140, 140), 1, Qt.PenStyle.DashLine),
+                                       QBrush(QColor(0, 0, 0, 8)))
+            frame.setZValue(-5 + key.count(gl.SEP) * 0.1)
+            frame.setData(KEY_ROLE, f"c:{key}")
+            frame.setToolTip(f"{key.partition(gl.SEP)[2]} (click the frame to close it)")
+            text = QGraphicsSimpleTextItem(title_metrics.elidedText(label, Qt.TextElideMode.ElideRight, w - 8), frame)
             text.setFont(title_font)
-            text.setPos(x + 4, y + 2)
+            text.setPos(x + 4, y + 3)
+            self._frames[key] = frame
         edges = QPainterPath()
         for pts in self.layout.edges:
             if len(pts) >= 4:
@@ -221,7 +324,7 @@ class GraphView(QWidget):
                 for k in range(1, len(pts) - 2, 3):
                     edges.cubicTo(QPointF(*pts[k]), QPointF(*pts[k + 1]), QPointF(*pts[k + 2]))
         path_item = QGraphicsPathItem(edges)
-        path_item.setPen(QPen(QColor(120, 120, 120, 150), 0.8))
+        path_item.setPen(QPen(QColor(110, 110, 110, 170), 1.0))
         path_item.setZValue(-1)
         path_item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)  # the edges never change colour
         self.scene.addItem(path_item)
@@ -230,46 +333,62 @@ class GraphView(QWidget):
             box.setBrush(QBrush(REGION_FILL.get(item.region, QColor(230, 230, 230))))
             box.setData(KEY_ROLE, f"g:{item.key}" if item.is_group else f"n:{item.key}")
             box.setToolTip(self._tooltip(item))
-            text = QGraphicsSimpleTextItem(item.label, box)
-            text.setFont(font)
-            text.setPos(x + 3, y + 2)
+            title, _, detail = item.label.partition("\n")
+            for k, (text, font, metrics) in enumerate(((title, title_font, title_metrics),
+                                                       (detail, detail_font, detail_metrics))):
+                label = QGraphicsSimpleTextItem(metrics.elidedText(text, Qt.TextElideMode.ElideRight, w - 8), box)
+                label.setFont(font)
+                label.setPos(x + (w - label.boundingRect().width()) / 2, y + 3 + k * gl.LINE_PT)
             self.scene.addItem(box)
             self._boxes.append(box)
         self._pens = [_plain_pen(item) for item in self.view.items]
-        self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-20, -20, 20, 20))
+        self._index_of_group = {item.key: k for k, item in enumerate(self.view.items) if item.is_group}
+        rects = [QRectF(*b) for b in self.layout.boxes] + [QRectF(*r) for _k, _l, r in self.layout.clusters]
+        shown = QRectF()
+        for r in rects:
+            shown = shown.united(r)
+        self.scene.setSceneRect(shown.adjusted(-16, -16, 16, 16))
 
     def _tooltip(self, item: gl.Item) -> str:
         from acstudio.plan.budget import format_bytes
 
         if item.is_group:
-            return f"{item.key}\n{len(item.nodes)} nodes, {format_bytes(item.bytes)} allocated\nclick to expand"
+            where = item.key.partition(gl.SEP)[2].replace(gl.SEP, ".") or item.key
+            return (f"{where} ({item.region})\n{len(item.nodes)} ops, {format_bytes(item.bytes)} allocated\n"
+                    "click to open")
         n = self.tree.profile.nodes[item.nodes[0]]
         return f"{n.id} {n.name}\n{n.target}\n{n.module or n.region}\n{n.shape} {n.dtype}"
 
     # -- colours ---------------------------------------------------------------------------------------------
     def recolour(self, decisions: Decisions) -> None:
-        """Colour every box by the plan: retained/recomputed mix, replayed, inserted recomputations."""
+        """Colour every box by the plan: kept/recomputed mix by bytes, re-run in backward, inserted recomputations."""
         self._decisions = decisions
         if self.view is None or not self._boxes:
             return
         k = len(self.view.items)
         idx = self.view.node_item
-        rec = np.bincount(idx, weights=decisions.recomputed_bytes, minlength=k)
-        ret = np.bincount(idx, weights=decisions.retained_bytes, minlength=k)
-        rep = np.bincount(idx, weights=decisions.replayed, minlength=k)
-        ins = np.bincount(idx, weights=decisions.inserted, minlength=k)
+        shown = idx >= 0
+        idx = idx[shown]
+        rec = np.bincount(idx, weights=decisions.recomputed_bytes[shown], minlength=k)
+        ret = np.bincount(idx, weights=decisions.retained_bytes[shown], minlength=k)
+        rep = np.bincount(idx, weights=decisions.replayed[shown], minlength=k)
+        ins = np.bincount(idx, weights=decisions.inserted[shown], minlength=k)
         act = rec + ret
         top = math.log1p(float(act.max(initial=0.0)))
         for i, (box, item) in enumerate(zip(self._boxes, self.view.items)):
             if act[i] > 0:
                 colour = _mix(RETAINED, RECOMPUTED, rec[i] / act[i])
-                colour.setAlpha(70 + round(185 * math.log1p(act[i]) / top) if top else 255)
+                # lighter for fewer bytes, never so light that the colour is lost
+                colour = _mix(QColor(255, 255, 255), colour, 0.35 + 0.65 * math.log1p(act[i]) / top if top else 1.0)
             elif rep[i] > 0:
                 colour = QColor(REPLAYED)
             else:
                 colour = REGION_FILL.get(item.region, QColor(230, 230, 230))
             box.setBrush(QBrush(colour))
             self._pens[i] = QPen(INSERTED, 3) if ins[i] > 0 else _plain_pen(item)
+            light = colour.lightnessF() > 0.55
+            for label in box.childItems():
+                label.setBrush(QBrush(QColor(20, 20, 20) if light else QColor(255, 255, 255)))
         self._outline()
 
     def box_colour(self, key: str) -> QColor | None:
@@ -279,82 +398,147 @@ class GraphView(QWidget):
                 return box.brush().color()
         return None
 
+    # -- what is on screen -----------------------------------------------------------------------------------
+    def readable_boxes(self) -> list[str]:
+        """Keys of the boxes wholly inside the viewport whose labels read at :data:`READABLE_PT` or more."""
+        if self.view is None or gl.FONT_PT * self.canvas.transform().m11() < READABLE_PT:
+            return []
+        visible = self.canvas.mapToScene(self.canvas.viewport().rect()).boundingRect()
+        return [item.key for item, box in zip(self.view.items, self._boxes) if visible.contains(box.rect())]
+
+    def fit(self) -> None:
+        """Zoom to show everything the graph shows now."""
+        rect = self.scene.sceneRect()
+        if not rect.isEmpty():
+            self.canvas.fitInView(rect, Qt.AspectRatioMode.KeepAspectRatio)
+
+    def fit_readable(self) -> None:
+        """Fit, but never so small that labels stop being readable: a tall graph then shows its top."""
+        rect = self.scene.sceneRect()
+        if rect.isEmpty():
+            return
+        view = self.canvas.viewport().rect()
+        scale = min(view.width() / rect.width(), view.height() / rect.height(), LAUNCH_MAX_SCALE)
+        scale = max(scale, 1.0)
+        self.canvas.resetTransform()
+        self.canvas.scale(scale, scale)
+        top = QPointF(rect.center().x(), rect.top() + view.height() / scale / 2)
+        self.canvas.centerOn(top)
+
     # -- selection, search, expansion ------------------------------------------------------------------------
     def select_node(self, node_id: str) -> None:
-        """Highlight ``node_id``, expanding its groups first if it is hidden inside one."""
+        """Highlight ``node_id``, expanding its groups (and switching pass) if it is hidden."""
         if self.tree is None or node_id not in self.tree.profile.node_index:
             return
-        self._selected = node_id
         i = self.tree.profile.node_index[node_id]
-        if self.view is not None and self.view.items[self.view.node_item[i]].is_group:
-            self._focus_after_layout = node_id
-            self.set_expanded(self.expanded | set(self.tree.ancestors(i)))
+        self._reveal(node_id, self.tree.profile.nodes[i].region, self.tree.ancestors(i))
+
+    def select_module(self, key: str) -> None:
+        """Highlight module ``key`` (a group key such as ``forward/layer3``), opening its parents if needed."""
+        path = tuple(key.split(gl.SEP))
+        self._reveal(key, path[0], [gl.key_of(path[:d]) for d in range(1, len(path))])
+
+    def _reveal(self, key: str, region: str, parents: list[str]) -> None:
+        """Select ``key`` (node id or group key) and centre it, after switching pass and opening ``parents``."""
+        self._selected = key
+        if region not in self.regions:  # switch to the pass that shows it (inputs are shown by none)
+            name = next((k for k, v in gl.SHOWN_REGIONS.items() if region in v), "")
+            if name:
+                self.direction.blockSignals(True)
+                self.direction.setCurrentText(name)
+                self.direction.blockSignals(False)
+        k = self._item_index(key)
+        if k < 0 or (self.view.items[k].is_group and self.view.items[k].key != key):
+            self._focus_after_layout = key
+            self.set_expanded(self.expanded | set(parents))
             return
         self._outline()
-        self._center_on_node(node_id)
+        self._center_on(key)
 
-    def _center_on_node(self, node_id: str) -> None:
+    def _item_index(self, key: str) -> int:
+        """The box showing ``key`` (a node id: the box it is drawn in; a group key: its own box), or -1."""
         if self.view is None:
-            return
-        i = self.tree.profile.node_index[node_id]
-        box = self._boxes[self.view.node_item[i]]
-        self.canvas.centerOn(box)
+            return -1
+        if key in self.tree.profile.node_index:
+            return int(self.view.node_item[self.tree.profile.node_index[key]])
+        return self._index_of_group.get(key, -1)
+
+    def _center_on(self, key: str) -> None:
+        k = self._item_index(key)
+        if k >= 0:
+            self.canvas.centerOn(self._boxes[k])
+
+    def show_span(self, nodes: np.ndarray) -> None:
+        """Outline the boxes holding ``nodes`` (the activations alive in the timeline's selected span)."""
+        self._span_nodes = np.asarray(nodes, dtype=np.int64)
+        self._outline()
 
     def _outline(self) -> None:
         if self.view is None:
             return
-        marked = {int(self.view.node_item[i]) for i in self._matches}
-        selected = -1
-        if self._selected in self.tree.profile.node_index:
-            selected = int(self.view.node_item[self.tree.profile.node_index[self._selected]])
+        items = self.view.node_item
+        marked = {int(items[i]) for i in self._matches} - {-1}
+        spanned = set(np.unique(items[self._span_nodes]).tolist()) - {-1} if len(self._span_nodes) else set()
+        selected = self._item_index(self._selected) if self._selected else -1
         for i, box in enumerate(self._boxes):
-            box.setZValue(2 if i == selected else 1 if i in marked else 0)
+            box.setZValue(3 if i == selected else 2 if i in marked else 1 if i in spanned else 0)
             if i == selected:
                 box.setPen(QPen(QColor(0, 0, 0), 3))
             elif i in marked:
                 box.setPen(QPen(QColor(230, 200, 0), 3))
+            elif i in spanned:
+                box.setPen(QPen(SPAN, 3))
             else:
                 box.setPen(self._pens[i])
 
     def _on_clicked(self, key: str) -> None:
         kind, _, value = key.partition(":")
         if kind == "g":
+            self._anchor_on(value)
             self.set_expanded(self.expanded | {value})
         elif kind == "c":
+            self._anchor = None
             self.set_expanded(frozenset(k for k in self.expanded if k != value and not k.startswith(value + gl.SEP)))
         elif kind == "n":
             self._selected = value
             self._outline()
-            self.nodeSelected.emit(value)
+            self.session.select(value)
+
+    def expand(self, key: str) -> None:
+        """Open group ``key`` in place (what a click on its box does)."""
+        self._on_clicked(f"g:{key}")
+
+    def _anchor_on(self, key: str) -> None:
+        box = next((b for b, it in zip(self._boxes, self.view.items) if it.key == key), None) if self.view else None
+        if box is not None:
+            self._anchor = (key, QPointF(self.canvas.mapFromScene(box.rect().topLeft())))
 
     def collapse_all(self) -> None:
-        self.set_expanded(frozenset())
+        self.set_expanded(frozenset(r for r in self.regions if r in ("forward", "backward")))
 
     def _on_search_changed(self, text: str) -> None:
+        self._module_matches = self.tree.find_modules(text) if self.tree is not None else []
         self._matches = self.tree.search(text) if self.tree is not None else []
         self._match_pos = -1
-        self.matches_label.setText(f"{len(self._matches)} matches" if text.strip() else "")
+        count = len(self._module_matches) + len(self._matches)
+        self.matches_label.setText(f"{count} matches" if text.strip() else "")
         self._outline()
 
     def next_match(self) -> None:
-        """Go to the next search match (expanding its groups) and select it."""
-        if not self._matches:
+        """Go to the next search match, modules named so first, then ops: open what hides it, select and centre it."""
+        targets = len(self._module_matches) + len(self._matches)
+        if not targets:
             return
-        self._match_pos = (self._match_pos + 1) % len(self._matches)
-        node_id = self.tree.profile.nodes[self._matches[self._match_pos]].id
-        self.matches_label.setText(f"{self._match_pos + 1}/{len(self._matches)}")
-        self.select_node(node_id)
-        self.nodeSelected.emit(node_id)
-
-    def fit(self) -> None:
-        rect = self.scene.sceneRect()
-        if rect.isEmpty():
+        self._match_pos = (self._match_pos + 1) % targets
+        self.matches_label.setText(f"{self._match_pos + 1}/{targets}")
+        if self._match_pos < len(self._module_matches):
+            self.select_module(self._module_matches[self._match_pos])
             return
-        self.canvas.fitInView(rect, Qt.AspectRatioMode.KeepAspectRatio)
-        if self.canvas.transform().m11() < MIN_FIT_SCALE:  # keep labels readable: show the start instead
-            self.canvas.resetTransform()
-            self.canvas.scale(MIN_FIT_SCALE, MIN_FIT_SCALE)
-            self.canvas.centerOn(rect.left(), rect.center().y())
+        node_id = self.tree.profile.nodes[self._matches[self._match_pos - len(self._module_matches)]].id
+        self.session.select(node_id)
+        if self.session.selected == node_id:  # already selected: the session does not repeat itself
+            self.select_node(node_id)
 
     def shutdown(self) -> None:
+        self.prefetcher.shutdown()
         self.runner.shutdown()

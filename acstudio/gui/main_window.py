@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
+from PySide6.QtCore import QSettings, QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -35,7 +35,6 @@ from PySide6.QtWidgets import (
 
 from acstudio.bench.results import BenchResults
 from acstudio.gui.budget_panel import BudgetPanel
-from acstudio.gui.child import probe_environment, profile_in_child, sweep_in_child
 from acstudio.gui.dialogs import BenchDialog, Messages, NewProfileDialog, TableDialog
 from acstudio.gui.graph_view import GraphView
 from acstudio.gui.jobs import JobRunner
@@ -48,8 +47,11 @@ from acstudio.plan.model import Plan
 from acstudio.plan.solvers import SOLVERS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
+from acstudio.views.child import probe_environment, profile_in_child, sweep_in_child
 
 MAX_RECENT = 8
+MAX_COLUMN_PX = 280
+SIZE_SAMPLE_ROWS = 60  # sizing columns on all of ResNet-152's 2000 rows would take seconds
 USER_JOBS = ("load", "profile", "export", "bench")  # shown with a progress bar and Cancel
 FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
 TABLE_FORMATS = {"bytes": fmt_bytes, "inactive_ms": fmt_ms, "recompute_ms": fmt_ms, "ratio": fmt_ratio,
@@ -78,28 +80,21 @@ class MainWindow(QMainWindow):
         self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
         self.setWindowTitle("AC Studio")
         self.setAcceptDrops(True)
-        self.resize(1500, 950)
+        screen = self.screen().availableGeometry()
+        self.resize(min(1600, screen.width()), min(1000, screen.height()))
         self.settings = settings if settings is not None else QSettings("AC Studio", "acstudio")
         self.messages = messages or Messages(self)
         self.session = Session(self)
         self.session.loadedChanged.connect(self._on_loaded)
         self.session.planChanged.connect(self._on_plan)
-        self.session.simulated.connect(self._on_simulated)
+        self.session.spanChanged.connect(self._on_span)
         self.session.selectionChanged.connect(self._on_selection)
         self.session.failed.connect(lambda msg, details: self._error("Planning failed", msg, details))
 
-        self.graph = GraphView(cache_dir if cache_dir is not None else default_cache_dir())
-        self.graph.nodeSelected.connect(self.session.select)
-        self.graph.status.connect(self.show_status)
-        self.timeline = TimelineView()
-        self.timeline.nodeClicked.connect(self.session.select)
+        self.graph = GraphView(self.session, cache_dir if cache_dir is not None else default_cache_dir())
+        self.timeline = TimelineView(self.session)
         self.timeline.budgetDragged.connect(self._on_line_dragged)
         self.liveMemory.connect(self.timeline.show_live)
-        splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(self.graph)
-        splitter.addWidget(self.timeline)
-        splitter.setSizes([560, 340])
-        self.setCentralWidget(splitter)
 
         self.budget = BudgetPanel(tuple(SOLVERS))
         self.budget.budgetChanged.connect(self.set_budget)
@@ -116,6 +111,8 @@ class MainWindow(QMainWindow):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)  # a cut cell ends in "…"; its tooltip has it all
+        self.table.horizontalHeader().setResizeContentsPrecision(SIZE_SAMPLE_ROWS)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
         self.table.selectionModel().currentRowChanged.connect(self._on_table_row)
@@ -126,9 +123,23 @@ class MainWindow(QMainWindow):
         box_layout.setContentsMargins(0, 0, 0, 0)
         box_layout.addWidget(self.table_filter)
         box_layout.addWidget(self.table)
-        self._dock("Budget", "budget_dock", self.budget, Qt.DockWidgetArea.RightDockWidgetArea)
-        self._dock("Inspector", "inspector_dock", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
-        self._dock("Activations", "table_dock", table_box, Qt.DockWidgetArea.BottomDockWidgetArea)
+        # The graph runs top to bottom, so it gets the window's height; the timeline and the table share the
+        # middle; the budget and the inspector sit on the right.
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.timeline)
+        right.addWidget(table_box)
+        right.setSizes([480, 400])
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.addWidget(self.graph)
+        splitter.addWidget(right)
+        splitter.setSizes([430, 770])
+        self.setCentralWidget(splitter)
+        budget_dock = self._dock("Budget", "budget_dock", self.budget, Qt.DockWidgetArea.RightDockWidgetArea)
+        inspector_dock = self._dock("Inspector", "inspector_dock", self.inspector,
+                                    Qt.DockWidgetArea.RightDockWidgetArea)
+        self.inspector.setMinimumHeight(220)
+        self.resizeDocks([budget_dock, inspector_dock], [560, 320], Qt.Orientation.Vertical)
+        self.resizeDocks([budget_dock], [400], Qt.Orientation.Horizontal)
 
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(260)
@@ -138,6 +149,10 @@ class MainWindow(QMainWindow):
         self.cancel_button.clicked.connect(self.cancel_jobs)
         self.status_label = QLabel("")
         self.statusBar().addWidget(self.status_label, 1)
+        # lasting notes (graphviz missing) stay on the right while they apply; events come and go on the left
+        self.notice_label = QLabel("")
+        self.statusBar().addPermanentWidget(self.notice_label)
+        self.graph.noticeChanged.connect(self.notice_label.setText)
         self.statusBar().addPermanentWidget(self.progress)
         self.statusBar().addPermanentWidget(self.cancel_button)
 
@@ -162,6 +177,7 @@ class MainWindow(QMainWindow):
         self.runners["export"].resultReady.connect(self._on_exported)
         self.runners["bench"].resultReady.connect(self._on_bench)
         self._opening = ""
+        self._size_plan_columns = False
         self._build_menus()
         self._restore_layout()
 
@@ -315,13 +331,10 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, loaded: Loaded) -> None:
         profile = loaded.profile
         self.setWindowTitle(f"AC Studio – {profile.label} – {Path(loaded.path).name}")
-        self.graph.set_tree(loaded.tree)
-        self.timeline.set_profile(profile, loaded.baseline.timeline.sum(axis=1), self.session.floor_bytes)
         self.table_model.set_frame(loaded.table)
         self.table_proxy.sort(-1)  # graph order until the user sorts
         self.table.horizontalHeader().setSortIndicator(-1, Qt.SortOrder.AscendingOrder)
-        self.table.resizeColumnsToContents()
-        self.table.setColumnWidth(self.table_model.columns.index("why"), 320)
+        self._size_plan_columns = True
         floor, top = self.session.floor_bytes, self.session.baseline_bytes
         self.budget.set_range(floor, top)
         curve = loaded.trajectory.curve()
@@ -335,6 +348,14 @@ class MainWindow(QMainWindow):
         self._update_actions()
         self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} "
                          f"activations; peak {format_bytes(top)}, floor {format_bytes(floor)}")
+
+    def _size_table_columns(self) -> None:
+        """Every column as wide as its content (judged on the first :data:`SIZE_SAMPLE_ROWS` rows), up to
+        :data:`MAX_COLUMN_PX` (longer cells end in "…" and show in full as a tooltip)."""
+        self.table.resizeColumnsToContents()
+        for c in range(self.table_model.columnCount()):
+            if self.table.columnWidth(c) > MAX_COLUMN_PX:
+                self.table.setColumnWidth(c, MAX_COLUMN_PX)
 
     def set_budget(self, budget: int) -> None:
         """Budget from any control: all controls follow, the session plans (quickly, then fully)."""
@@ -354,15 +375,15 @@ class MainWindow(QMainWindow):
             self.set_budget(self.budget.budget_bytes())
 
     def _on_sweep(self, rows: list[dict]) -> None:
-        """Other solvers' operating points on the Pareto chart (rows without a peak are notes, e.g. skipped)."""
+        """Other solvers' operating points on the Pareto chart. Rows without a peak are notes for the curious (a
+        solver that was skipped, and why): they go to the chart's tooltip, not the status bar."""
         df = pd.DataFrame(rows)
         if "peak_bytes" not in df.columns:
             return
         for solver, rows in df.dropna(subset=["peak_bytes", "extra_ms"]).groupby("solver"):
             self.budget.set_other(str(solver), rows["extra_ms"].to_numpy(), rows["peak_bytes"].to_numpy())
         notes = df[df["peak_bytes"].isna()] if "note" in df.columns else df.iloc[:0]
-        for _, row in notes.iterrows():
-            self.show_status(f"{row['solver']}: {row['note']}")
+        self.budget.set_notes([f"{row['solver']}: {row['note']}" for _, row in notes.iterrows()])
 
     def _on_plan(self, state: PlanState) -> None:
         loaded = self.session.loaded
@@ -372,10 +393,10 @@ class MainWindow(QMainWindow):
         self.budget.show_prediction(plan.predicted_peak_bytes, plan.predicted_extra_ms, loaded.profile.iteration_ms,
                                     len(plan.recomputed), candidates, plan.feasible, how)
         self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)
-        self.graph.recolour(self.session.graph_decisions(state))
         self.table_model.set_columns(self.session.table_columns(state))
-        if state.sim is not None:
-            self._on_simulated(state)
+        if self._size_plan_columns:  # the plan columns are empty until the first plan: size them once it is here,
+            self._size_plan_columns = False  # after the window has painted what it opened on
+            QTimer.singleShot(0, self._size_table_columns)
         if self.session.selected:
             self.inspector.setHtml(self._node_html(self.session.selected))
         self._update_actions()
@@ -388,18 +409,10 @@ class MainWindow(QMainWindow):
         self.timeline.set_profile(loaded.profile, loaded.baseline.timeline.sum(axis=1), self.session.floor_bytes)
         self.set_budget(self.budget.budget_bytes())
 
-    def _on_simulated(self, state: PlanState) -> None:
-        pos = self.session.loaded.profile.node_index.get(state.sim.peak_node, -1)
-        self.timeline.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
-
     def _on_selection(self, node_id: str) -> None:
-        self.graph.select_node(node_id)
-        self.timeline.set_cursor(node_id)
         self.inspector.setHtml(self._node_html(node_id))
-        loaded = self.session.loaded
-        acts = [a.id for a in loaded.profile.activations if a.created_at == node_id]
-        if acts:
-            row = self.table_model.row_of(acts[0])
+        if self.session.selected_activation:
+            row = self.table_model.row_of(self.session.selected_activation)
             proxy_index = self.table_proxy.mapFromSource(self.table_model.index(row, 0))
             if proxy_index.isValid():
                 self.table.selectionModel().blockSignals(True)
@@ -412,7 +425,19 @@ class MainWindow(QMainWindow):
         if act_id and self.session.loaded is not None:
             act = self.session.loaded.profile.activation_by_id.get(act_id)
             if act is not None:
-                self.session.select(act.created_at)
+                self.session.select(act.created_at, act_id)
+
+    def _on_span(self, _nodes) -> None:
+        """A timeline span selects the activations alive in it: the table shows only those."""
+        alive = self.session.span_activations
+        if not alive.any():
+            self.table_proxy.set_only(None)
+            return
+        ids = set(self.session.loaded.table.index[alive])
+        self.table_proxy.set_only(ids)
+        total = int(self.session.loaded.acts.bytes[alive].sum())
+        self.show_status(f"{len(ids)} activations alive in the selected span ({format_bytes(total)}); the table "
+                         "shows only them until the span is switched off")
 
     # -- inspector -------------------------------------------------------------------------------------------
     def _profile_html(self, loaded: Loaded) -> str:
@@ -533,7 +558,8 @@ class MainWindow(QMainWindow):
             return
         self.progress.setRange(0, max(total, 1))
         self.progress.setValue(min(done, max(total, 1)))
-        self.show_status(f"{name}: {message}")
+        # opening a file is one step to the user; the planner's inner steps stay behind the progress bar
+        self.show_status(f"Opening {Path(self._opening).name}…" if name == "load" else f"{name}: {message}")
 
     def _update_busy(self, _busy: bool = False) -> None:
         """Progress bar and Cancel for the jobs the user started; the background look-ups stay quiet."""

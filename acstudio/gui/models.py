@@ -1,8 +1,9 @@
 """Qt table model over a pandas DataFrame, with a sort/filter proxy.
 
-Cells are formatted once per column (not per paint), and sorting uses the raw values through
-:data:`SORT_ROLE`, so a 1000-row activation table sorts numerically and repaints cheaply. A plan change
-replaces only the plan columns with :meth:`DataFrameModel.set_columns`.
+Cells are formatted when they are shown (a plan change costs nothing for the rows and columns out of view),
+and sorting uses the raw values through :data:`SORT_ROLE`, so a 2000-row activation table sorts numerically
+and follows the slider cheaply. A plan change replaces only the plan columns with
+:meth:`DataFrameModel.set_columns`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ class DataFrameModel(QAbstractTableModel):
         self._ids: list[str] = []
         self._columns: list[str] = []
         self._raw: list[list[Any]] = []
-        self._text: list[list[str]] = []
         self.set_frame(df if df is not None else pd.DataFrame())
 
     @property
@@ -66,7 +66,6 @@ class DataFrameModel(QAbstractTableModel):
         self._ids = [str(i) for i in df.index]
         self._columns = [str(c) for c in df.columns]
         self._raw = [df[c].tolist() for c in df.columns]
-        self._text = [self._format(c, col) for c, col in zip(self._columns, self._raw)]
         self.endResetModel()
 
     def set_columns(self, values: dict[str, list[Any]]) -> None:
@@ -78,16 +77,17 @@ class DataFrameModel(QAbstractTableModel):
             if col == self._raw[c]:
                 continue
             self._raw[c] = col
-            self._text[c] = self._format(name, col)
             changed.append(c)
         if changed and self._ids:
             self.dataChanged.emit(self.index(0, min(changed)), self.index(len(self._ids) - 1, max(changed)))
 
-    def _format(self, name: str, values: list[Any]) -> list[str]:
-        fmt = self._formats.get(name)
+    def text(self, row: int, column: int) -> str:
+        """Cell ``(row, column)`` as shown."""
+        v = self._raw[column][row]
+        fmt = self._formats.get(self._columns[column])
         if fmt is not None:
-            return [fmt(v) for v in values]
-        return ["" if missing(v) else str(v) for v in values]
+            return fmt(v)
+        return "" if missing(v) else str(v)
 
     def row_of(self, row_id: str) -> int:
         try:
@@ -110,7 +110,9 @@ class DataFrameModel(QAbstractTableModel):
             return None
         r, c = index.row(), index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            return self._text[c][r]
+            return self.text(r, c)
+        if role == Qt.ItemDataRole.ToolTipRole:  # the whole text of a cell its column elides
+            return self.text(r, c) or None
         if role == SORT_ROLE:
             v = self._raw[c][r]
             if isinstance(v, float) and math.isnan(v):
@@ -136,9 +138,23 @@ class FilterProxy(QSortFilterProxyModel):
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
+        self._only: set[str] | None = None
         self.setSortRole(SORT_ROLE)
         self.setFilterKeyColumn(-1)
         self.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+
+    def set_only(self, ids: set[str] | None) -> None:
+        """Show only the rows with these ids (``None``: all), on top of the text filter."""
+        self.beginFilterChange()
+        self._only = ids
+        self.endFilterChange()
+
+    def filterAcceptsRow(self, source_row: int, source_parent: Index) -> bool:
+        if self._only is not None:
+            row_id = self.sourceModel().index(source_row, 0, source_parent).data(ID_ROLE)
+            if row_id not in self._only:
+                return False
+        return super().filterAcceptsRow(source_row, source_parent)
 
     def lessThan(self, left: Index, right: Index) -> bool:
         a, b = left.data(SORT_ROLE), right.data(SORT_ROLE)

@@ -20,9 +20,7 @@ import pandas as pd
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from acstudio.bench.results import BenchResults
-from acstudio.errors import ACStudioError, ProfileFileError
-from acstudio.gui.graph_layout import ModuleTree
-from acstudio.gui.graph_view import Decisions
+from acstudio.errors import ACStudioError, WrongSchemaError
 from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
@@ -32,12 +30,21 @@ from acstudio.plan.solvers import SOLVERS, trajectory
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import SimResult, Simulator
+from acstudio.views.graph_layout import DEFAULT_PASS, SHOWN_REGIONS, ModuleTree, laid_out
+from acstudio.views.tables import (
+    ActivationIndex,
+    Decisions,
+    activation_table,
+    alive_in_span,
+    back_in_memory_at,
+    graph_decisions,
+    table_columns,
+)
 
 FASTER_PLAN_DELAY_MS = 300  # budget at rest this long before the shared-chain search runs
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
 # Solvers whose quick answer is read off μ-TWO's trajectory while the slider moves, refined when it rests.
 INSTANT = ("auto", "mutwo")
-TABLE_PLAN_COLUMNS = ("decision", "why", "step", "sources", "replay_nodes", "recompute_ms", "ratio")
 
 
 @dataclass
@@ -53,8 +60,8 @@ class Loaded:
     baseline: SimResult
     template: Plan  # the trajectory's step-0 plan: which activations are candidates and why the others are not
     table: pd.DataFrame  # activation table, static columns (plan columns are filled per plan)
-    act_node: np.ndarray  # activation (table row) -> index of the node that allocates it
-    act_bytes: np.ndarray
+    acts: ActivationIndex  # node positions of each activation (table row)
+    first_graph: tuple  # the graph's launch view, laid out (see acstudio.views.graph_layout.laid_out)
 
 
 @dataclass
@@ -70,27 +77,6 @@ class PlanState:
         return self.sim is not None
 
 
-def activation_table(profile: Profile) -> pd.DataFrame:
-    """Static facts per activation: where it is made, its size, how long it lives and waits."""
-    index = profile.node_index
-    by_id = profile.node_by_id
-    rows = []
-    for a in profile.activations:
-        made = by_id[a.created_at]
-        rows.append({
-            "activation": a.id, "node": made.name, "op": made.target.removeprefix("aten."), "module": made.module,
-            "shape": made.shape, "bytes": a.bytes,
-            "lifetime": index[a.last_bw_use] - index[a.created_at],
-            "inactive_ms": a.inactive_time_ms, "first_bw_use": by_id[a.first_bw_use].name,
-        })
-    cols = ["activation", "node", "op", "module", "shape", "bytes", "lifetime", "inactive_ms", "first_bw_use"]
-    df = pd.DataFrame(rows, columns=cols).set_index("activation", drop=False)
-    df = df.rename(columns={"activation": "id"})
-    for c in TABLE_PLAN_COLUMNS:
-        df[c] = ""
-    return df
-
-
 def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
             cancel: CancelToken | None = None) -> Loaded:
     """Simulator, μ-TWO trajectory, module tree and tables of ``profile`` (the slow part of opening a file)."""
@@ -103,13 +89,12 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     report(progress, 2, 3, "grouping the graph")
     template = traj.plan_for_budget(simulator.baseline_peak)
     tree = ModuleTree(profile)
-    index = profile.node_index
-    act_node = np.array([index[a.created_at] for a in profile.activations], dtype=np.int64)
-    act_bytes = np.array([a.bytes for a in profile.activations], dtype=np.int64)
+    # the graph's first picture is made here, off the GUI thread, so it is drawn the moment the file opens
+    first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS])
     report(progress, 3, 3, "ready")
     return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, trajectory=traj, tree=tree,
-                  baseline=baseline, template=template, table=activation_table(profile), act_node=act_node,
-                  act_bytes=act_bytes)
+                  baseline=baseline, template=template, table=activation_table(profile),
+                  acts=ActivationIndex.of(profile), first_graph=first_graph)
 
 
 def open_document(path: str, current: Loaded | None, progress: ProgressFn | None = None,
@@ -117,13 +102,13 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
     """A profile (prepared) or, if a profile is open, a plan made for it or benchmark results of its workload."""
     try:
         profile = Profile.load(path)
-    except ProfileFileError as profile_error:
+    except WrongSchemaError as profile_error:  # another kind of document: its own loader says what is wrong
         try:
-            found = Plan.load(path, current.profile if current is not None else None)
-        except ProfileFileError:
+            found = Plan.load(path, *((current.profile, current.ctx) if current is not None else ()))
+        except WrongSchemaError:
             try:
                 found = BenchResults.load(path)
-            except ProfileFileError:
+            except WrongSchemaError:
                 raise profile_error from None
         what = "a plan" if isinstance(found, Plan) else "a benchmark"
         if current is None:
@@ -173,6 +158,7 @@ class Session(QObject):
     planChanged = Signal(object)  # PlanState: a new current plan (with its timeline if cached)
     simulated = Signal(object)  # PlanState: the current plan's timeline has arrived
     selectionChanged = Signal(str)  # node id
+    spanChanged = Signal(object)  # node indices holding the activations alive in the selected timeline span
     failed = Signal(str, str)
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -181,6 +167,8 @@ class Session(QObject):
         self.state: PlanState | None = None
         self.solver = "auto"
         self.selected = ""
+        self.selected_activation = ""
+        self.span_activations = np.zeros(0, dtype=bool)  # per activation: alive in the selected span
         self.plan_runner = JobRunner("plan", self)
         self.plan_runner.resultReady.connect(self._on_simulated)
         self.plan_runner.failed.connect(self.failed)
@@ -203,6 +191,8 @@ class Session(QObject):
         self.loaded = loaded
         self.state = None
         self.selected = ""
+        self.selected_activation = ""
+        self.span_activations = np.zeros(len(loaded.acts.bytes), dtype=bool)
         self._cache.clear()
         self.loadedChanged.emit(loaded)
 
@@ -277,49 +267,39 @@ class Session(QObject):
             self.simulated.emit(self.state)
 
     # -- selection -------------------------------------------------------------------------------------------
-    def select(self, node_id: str) -> None:
-        if self.loaded is None or node_id not in self.loaded.profile.node_index or node_id == self.selected:
+    def select(self, node_id: str, activation: str = "") -> None:
+        """Select a node and one of its activations (by default the first it makes, if any)."""
+        if self.loaded is None or node_id not in self.loaded.profile.node_index:
             return
-        self.selected = node_id
+        if not activation:
+            activation = next((a.id for a in self.loaded.profile.activations if a.created_at == node_id), "")
+        if (node_id, activation) == (self.selected, self.selected_activation):
+            return
+        self.selected, self.selected_activation = node_id, activation
         self.selectionChanged.emit(node_id)
+
+    def select_span(self, first: int, last: int) -> None:
+        """Select the nodes ``first..last`` of the timeline: the activations alive there under the current plan
+        (an empty span clears the selection)."""
+        if self.loaded is None or self.state is None:
+            return
+        acts = self.loaded.acts
+        if last < first:
+            self.span_activations = np.zeros(len(acts.bytes), dtype=bool)
+        else:
+            back = back_in_memory_at(self.loaded.profile, acts, self.state.plan)
+            self.span_activations = alive_in_span(acts, back, first, last)
+        alive = self.span_activations
+        self.spanChanged.emit(np.concatenate([acts.created[alive], acts.first_bw[alive]]))
 
     # -- derived views ---------------------------------------------------------------------------------------
     def graph_decisions(self, state: PlanState) -> Decisions:
         """Per-node arrays for the graph colours."""
-        loaded = self.loaded
-        n = len(loaded.profile.nodes)
-        index = loaded.profile.node_index
-        act_ids = list(loaded.table.index)
-        recomputed = np.array([state.decisions.get(a) == "recompute" for a in act_ids], dtype=bool)
-        rec = np.bincount(loaded.act_node[recomputed], weights=loaded.act_bytes[recomputed], minlength=n)
-        ret = np.bincount(loaded.act_node[~recomputed], weights=loaded.act_bytes[~recomputed], minlength=n)
-        replayed = np.zeros(n)
-        inserted = np.zeros(n)
-        for e in state.plan.schedule:
-            replayed[[index[r] for r in e.replay]] = 1
-            inserted[index[e.recompute_before]] += 1
-        return Decisions(recomputed_bytes=rec, retained_bytes=ret, replayed=replayed, inserted=inserted)
+        return graph_decisions(self.loaded.profile, self.loaded.acts, state.plan, state.decisions)
 
     def table_columns(self, state: PlanState) -> dict[str, list]:
         """The activation table's plan columns for ``state``."""
-        order = {a: k + 1 for k, a in enumerate(state.plan.recomputed)}
-        entries = {e.activation: e for e in state.plan.schedule}
-        cols: dict[str, list] = {c: [] for c in TABLE_PLAN_COLUMNS}
-        for a in self.loaded.table.index:
-            decision, _, why = state.decisions.get(a, "").partition(": ")
-            e = entries.get(a)
-            if decision == "recompute":
-                why = "freed after forward, recomputed before its first backward use"
-            elif decision == "retain":
-                why = "kept: the budget was met before μ-TWO reached it" if state.plan.solver == "mutwo" else "kept"
-            cols["decision"].append(decision)
-            cols["why"].append(why)
-            cols["step"].append(order.get(a, float("nan")))
-            cols["sources"].append(" ".join(e.sources) if e else "")
-            cols["replay_nodes"].append(len(e.replay) if e else float("nan"))
-            cols["recompute_ms"].append(e.recompute_ms if e else float("nan"))
-            cols["ratio"].append(e.ratio if e else float("nan"))
-        return cols
+        return table_columns(self.loaded.profile, state.plan, state.decisions)
 
     def shutdown(self) -> None:
         self._faster_timer.stop()

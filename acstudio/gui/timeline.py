@@ -1,8 +1,10 @@
-"""Memory timeline: simulated memory over node order, stacked by category, with the budget as a draggable line.
+"""Memory timeline: simulated memory over the step (time or execution order), stacked by category, with the
+budget as a draggable line, the selected activation's lifetime and a span that selects what is alive in it.
 
-Curves are created once per profile and updated with ``setData`` on every plan change; pyqtgraph's peak
-downsampling and clip-to-view keep a 13k-node iteration cheap to repaint. The plan's stacked categories are
-drawn as cumulative curves, each filled down to zero, top category first so the lower ones paint over it.
+Bound to the :class:`~acstudio.gui.session.Session` (napari's ``QtDims(dims)`` style): it follows the loaded
+profile, the current plan and the selection, and sends clicks and spans back to the session. Curves are created
+once per profile and updated with ``setData`` on every plan change; the plan's stacked categories are drawn as
+cumulative curves, each filled down to zero, top category first so the lower ones paint over it.
 """
 
 from __future__ import annotations
@@ -11,11 +13,21 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Signal
 from PySide6.QtGui import QBrush, QColor, QTransform
-from PySide6.QtWidgets import QGraphicsItem, QGraphicsSimpleTextItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGraphicsItem,
+    QGraphicsSimpleTextItem,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from acstudio.plan.budget import format_bytes
 from acstudio.profile.model import Profile
 from acstudio.simulate import TIMELINE_CATEGORIES
+from acstudio.views.timeline import AXES, TimelineAxis, lifetime_marks
 
 GIB = float(2**30)
 MAX_POINTS = 1600  # points drawn per curve: about one per pixel column; more only slows the fill down
@@ -27,19 +39,30 @@ CATEGORY_COLOURS = {
     "recompute_transients": (220, 70, 70),
     "other": (170, 200, 170),
 }
+LIFETIME_COLOUR = (20, 20, 20)
+SPAN_BRUSH = (0, 170, 120, 45)
 REGION_BANDS = {"forward": (90, 150, 230, 28), "loss": (240, 200, 90, 40), "backward": (90, 200, 130, 28),
                 "optimizer": (180, 130, 220, 28)}
 
 
-def bin_starts(n: int, max_points: int = MAX_POINTS) -> np.ndarray:
-    """First node index of each bin when ``n`` nodes are drawn as at most ``max_points`` points."""
-    step = max(1, -(-n // max_points))
-    return np.arange(0, n, step)
+def bin_starts(n: int, max_points: int = MAX_POINTS, first: int = 0) -> np.ndarray:
+    """First node index of each bin when nodes ``first..n-1`` are drawn as at most ``max_points`` points."""
+    step = max(1, -(-(n - first) // max_points))
+    return np.arange(first, n, step)
 
 
 def peak_binned(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Maximum of each bin along the first axis, so no peak disappears from the drawing."""
-    return np.maximum.reduceat(values, starts, axis=0) if len(values) else values
+    """Maximum of each bin along the first axis (rows before ``starts[0]`` are left out), so no peak disappears
+    from the drawing."""
+    return np.maximum.reduceat(values, starts, axis=0) if len(values) and len(starts) else values[:0]
+
+
+def legend_html() -> str:
+    """The categories' colours as one line of text, drawn above the plot so it never covers the data."""
+    swatches = [f'<span style="color:rgb{CATEGORY_COLOURS.get(cat, (160, 160, 160))}">■</span> '
+                f'{cat.replace("_", " ")}' for cat in reversed(TIMELINE_CATEGORIES)]
+    return ("&nbsp; ".join(swatches) + ' &nbsp; <span style="color:#282828">- - no checkpointing</span>'
+            ' &nbsp; <span style="color:#00a0a0">— measured</span>')
 
 
 def cache_pixmaps(*items: QGraphicsItem) -> None:
@@ -81,39 +104,53 @@ def region_spans(profile: Profile) -> list[tuple[str, int, int]]:
 
 
 class TimelineView(QWidget):
-    """The timeline plot. ``budgetDragged`` fires while the budget line is dragged (bytes)."""
+    """The timeline plot bound to ``session``. ``budgetDragged`` fires while the budget line is dragged (bytes)."""
 
     budgetDragged = Signal(object)  # bytes (may exceed 32 bits)
     nodeClicked = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.session = session
         self.plot = pg.PlotWidget(background="w")
+        self.axis_choice = QComboBox()
+        for mode, label in AXES.items():
+            self.axis_choice.addItem(label, mode)
+        self.axis_choice.setToolTip("x axis: time from the profile's node times, or execution order "
+                                    "(input placeholders left out either way)")
+        self.axis_choice.currentIndexChanged.connect(lambda _i: self._redraw())
+        self.span_button = QPushButton("Select span")
+        self.span_button.setCheckable(True)
+        self.span_button.setToolTip("Show a span on the timeline: the graph and the table mark what is alive in it")
+        self.span_button.toggled.connect(self._toggle_span)
+        legend = QLabel(legend_html())
+        legend.setWordWrap(True)
+        bar = QHBoxLayout()
+        bar.addWidget(QLabel("x axis"))
+        bar.addWidget(self.axis_choice)
+        bar.addWidget(self.span_button)
+        bar.addStretch(1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.plot)
+        layout.addLayout(bar)
+        layout.addWidget(legend)
+        layout.addWidget(self.plot, 1)
         item = self.plot.getPlotItem()
         item.setLabel("left", "memory (GiB)")
-        item.setLabel("bottom", "node (execution order)")
         item.showGrid(x=False, y=True, alpha=0.3)
         item.setDownsampling(auto=True, mode="peak")
         item.setClipToView(True)
         for axis in ("left", "bottom"):
             item.getAxis(axis).enableAutoSIPrefix(False)
-        # top left: before the forward pass only the model state is in memory, so the plot is empty there
-        self.legend = item.addLegend(offset=(70, 10), labelTextSize="7pt", colCount=2, labelTextColor=(30, 30, 30),
-                                     brush=pg.mkBrush(255, 255, 255, 210), pen=pg.mkPen(200, 200, 200))
         self.stack: dict[str, pg.PlotDataItem] = {}
         for z, cat in enumerate(reversed(TIMELINE_CATEGORIES)):
             r, g, b = CATEGORY_COLOURS.get(cat, (160, 160, 160))
-            curve = item.plot([], [], pen=pg.mkPen((r, g, b), width=1), fillLevel=0,
-                              brush=pg.mkBrush(r, g, b, 170), name=cat.replace("_", " "))
+            curve = item.plot([], [], pen=pg.mkPen((r, g, b), width=1), fillLevel=0, brush=pg.mkBrush(r, g, b, 170))
             curve.setZValue(z)
             self.stack[cat] = curve
-        self.baseline = item.plot([], [], pen=pg.mkPen((40, 40, 40), width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
-                                  name="no checkpointing")
+        self.baseline = item.plot([], [], pen=pg.mkPen((40, 40, 40), width=1, style=pg.QtCore.Qt.PenStyle.DashLine))
         self.baseline.setZValue(20)
-        self.measured = item.plot([], [], pen=pg.mkPen((0, 160, 160), width=1), name="measured (profile)")
+        self.measured = item.plot([], [], pen=pg.mkPen((0, 160, 160), width=1))
         self.measured.setZValue(21)
         self.peak = pg.ScatterPlotItem(size=10, brush=pg.mkBrush(220, 30, 30), pen=pg.mkPen("k"), symbol="t")
         self.peak.setZValue(30)
@@ -132,59 +169,93 @@ class TimelineView(QWidget):
         self.cursor.setZValue(41)
         self.cursor.hide()
         item.addItem(self.cursor)
+        self.span = pg.LinearRegionItem(brush=pg.mkBrush(*SPAN_BRUSH), pen=pg.mkPen((0, 140, 100), width=2))
+        self.span.setZValue(35)
+        self.span.hide()
+        self.span.sigRegionChangeFinished.connect(self._on_span_moved)
+        item.addItem(self.span, ignoreBounds=True)
         cache_pixmaps(*(c.curve for c in self.stack.values()), self.baseline.curve, self.measured.curve,
-                      item.getAxis("left"), item.getAxis("bottom"), self.legend)
+                      item.getAxis("left"), item.getAxis("bottom"))
         self._bands: list[QGraphicsItem] = []
         self._labels: list[tuple[QGraphicsSimpleTextItem, str, int]] = []
+        self._lifetime: list[QGraphicsItem] = []
         self._profile: Profile | None = None
+        self.axis: TimelineAxis | None = None
+        self._baseline_total = np.zeros(0)
+        self._floor = 0
         self._x = np.zeros(0)
         self._starts = np.zeros(0, dtype=np.int64)
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
+        self._timeline: tuple[np.ndarray, int, int] | None = None
         self._syncing = False
         self._live: np.ndarray | None = None
         self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
         self.plot.scene().sigMouseClicked.connect(self._on_click)
+        self.nodeClicked.connect(session.select)
+        session.loadedChanged.connect(
+            lambda loaded: self.set_profile(loaded.profile, loaded.baseline.timeline.sum(axis=1), session.floor_bytes))
+        session.planChanged.connect(self._on_plan)
+        session.simulated.connect(self._on_plan)
+        session.selectionChanged.connect(lambda _node: self.show_selection())
 
     # -- data ------------------------------------------------------------------------------------------------
     def set_profile(self, profile: Profile, baseline_total: np.ndarray, floor_bytes: int) -> None:
         """New profile: bands, measured curve and baseline; the budget line may move from the floor up."""
         self._profile = profile
         self._live = None
-        n = len(profile.nodes)
-        self._starts = bin_starts(n)
-        self._x = self._starts.astype(float)
+        self._baseline_total = np.asarray(baseline_total, dtype=float)
+        self._floor = floor_bytes
+        self._timeline = None
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
+        self.span_button.setChecked(False)
+        self._redraw()
+
+    def _redraw(self) -> None:
+        """Everything that depends on the x axis: bands, baseline, measured curve, the plan, the marks."""
+        profile = self._profile
+        if profile is None:
+            return
+        self.axis = TimelineAxis.of(profile, self.axis_choice.currentData())
+        n = len(profile.nodes)
+        self._starts = bin_starts(n, first=self.axis.start)
+        self._x = self.axis.x(self._starts)
         item = self.plot.getPlotItem()
+        item.setLabel("bottom", self.axis.label)
         self._clear_bands()
+        width = self.axis.edges[-1] - self.axis.edges[self.axis.start]
         for region, lo, hi in region_spans(profile):
             colour = REGION_BANDS.get(region)
             if colour is None:
                 continue
-            band = pg.LinearRegionItem((lo - 0.5, hi + 0.5), movable=False, brush=pg.mkBrush(*colour),
-                                       pen=pg.mkPen(None))
+            x0, x1 = self.axis.x(lo), self.axis.x(hi + 1)
+            band = pg.LinearRegionItem((x0, x1), movable=False, brush=pg.mkBrush(*colour), pen=pg.mkPen(None))
             band.setZValue(-10)
             cache_pixmaps(band)
             item.addItem(band)
             self._bands.append(band)
-            if hi - lo > 0.04 * n:  # no room for a label on a sliver (the loss is a handful of nodes)
+            if x1 - x0 > 0.06 * width:  # no room for a label on a sliver (the loss is a handful of nodes)
                 label = label_item((90, 90, 90))
                 label.setZValue(-9)
                 item.addItem(label, ignoreBounds=True)
                 self._bands.append(label)
-                self._labels.append((label, region, lo))
-        self.baseline.setData(self._x, peak_binned(baseline_total / GIB, self._starts))
+                self._labels.append((label, region, x0))
+        self.baseline.setData(self._x, peak_binned(self._baseline_total / GIB, self._starts))
         measured = np.asarray([nd.mem_peak for nd in profile.nodes], dtype=float)
         if measured.any():
             self.measured.setData(self._x, peak_binned(measured / GIB, self._starts))
         else:
             self.measured.setData([], [])
-        top = max(float(baseline_total.max(initial=0)), float(measured.max(initial=0)))
-        self.budget_line.setBounds((floor_bytes / GIB, top / GIB * 1.05))
-        for label, region, lo in self._labels:
-            set_label(label, region, lo, top / GIB * 1.1)
-        item.setXRange(0, max(n - 1, 1), padding=0.01)
+        top = max(float(self._baseline_total.max(initial=0)), float(measured.max(initial=0)))
+        self.budget_line.setBounds((self._floor / GIB, top / GIB * 1.05))
+        for label, region, x0 in self._labels:
+            set_label(label, region, x0, top / GIB * 1.1)
+        item.setXRange(self.axis.edges[self.axis.start], self.axis.edges[-1], padding=0.01)
         item.setYRange(0, top / GIB * 1.12, padding=0)
-        self.cursor.hide()
+        if self._timeline is not None:
+            self.set_timeline(*self._timeline)
+        self.show_selection()
+        if self.span.isVisible():
+            self._toggle_span(True)
 
     def _clear_bands(self) -> None:
         item = self.plot.getPlotItem()
@@ -203,12 +274,15 @@ class TimelineView(QWidget):
         if self._live is None or len(self._live) != n or start == 0:
             self._live = np.full(n, np.nan)
             self._profile = None
+            self._timeline = None
             self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
             for curve in (*self.stack.values(), self.baseline):
                 curve.setData([], [])
             self.peak.setData([], [])
             self.peak_text.setText("")
             self._clear_bands()
+            self._clear_lifetime()
+            item.setLabel("bottom", "node (execution order, while measuring)")
             item.setXRange(0, max(n - 1, 1), padding=0.01)
         self._live[start:start + len(peaks)] = peaks
         filled = start + len(peaks)
@@ -216,16 +290,23 @@ class TimelineView(QWidget):
         self.measured.setData(np.arange(filled, dtype=float), values)
         item.setYRange(0, max(float(np.nanmax(values, initial=0.0)), 1e-3) * 1.12, padding=0)
 
+    def _on_plan(self, state) -> None:
+        if state.sim is not None:
+            pos = self.session.loaded.profile.node_index.get(state.sim.peak_node, -1)
+            self.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
+        self.show_selection()
+
     def set_timeline(self, timeline: np.ndarray, peak_index: int, peak_bytes: int) -> None:
         """Show one simulated plan: ``timeline`` is (nodes, categories) bytes, as the simulator returns it."""
+        self._timeline = (timeline, peak_index, peak_bytes)
         self._cum = np.cumsum(np.asarray(timeline, dtype=float), axis=1) / GIB
         drawn = peak_binned(self._cum, self._starts)
         for k, cat in enumerate(TIMELINE_CATEGORIES):
             self.stack[cat].setData(self._x, drawn[:, k])
-        if 0 <= peak_index < len(self._x):
-            self.peak.setData([float(peak_index)], [peak_bytes / GIB])
-            set_label(self.peak_text, f"peak {format_bytes(peak_bytes)}", float(peak_index), peak_bytes / GIB,
-                      centred=True)
+        if self.axis is not None and 0 <= peak_index < len(self._cum):
+            x = float(self.axis.x(peak_index))
+            self.peak.setData([x], [peak_bytes / GIB])
+            set_label(self.peak_text, f"peak {format_bytes(peak_bytes)}", x, peak_bytes / GIB, centred=True)
 
     def stacked_total(self) -> np.ndarray:
         """Top of the shown stack, bytes per node (the drawing is its per-bin maximum)."""
@@ -239,11 +320,74 @@ class TimelineView(QWidget):
             self._syncing = False
 
     def set_cursor(self, node_id: str) -> None:
-        if self._profile is None or node_id not in self._profile.node_index:
+        if self._profile is None or self.axis is None or node_id not in self._profile.node_index:
             self.cursor.hide()
             return
-        self.cursor.setValue(self._profile.node_index[node_id])
+        self.cursor.setValue(float(self.axis.x(self._profile.node_index[node_id])))
         self.cursor.show()
+
+    # -- the selected activation's lifetime -----------------------------------------------------------------
+    def show_selection(self) -> None:
+        """Cursor at the selected node, and the lifetime of the selected activation (or the node's first)."""
+        self._clear_lifetime()
+        session = self.session
+        if self._profile is None or not session.selected or session.loaded is None \
+                or session.loaded.profile is not self._profile:
+            self.cursor.hide()
+            return
+        self.set_cursor(session.selected)
+        act = session.selected_activation
+        if not act:
+            return
+        plan = session.state.plan if session.state is not None else None
+        marks = lifetime_marks(self._profile, plan, act)
+        self.lifetime = marks
+        item = self.plot.getPlotItem()
+        y = item.vb.viewRange()[1][1] * 0.9  # above the curves, below the region names
+        xs = {what: float(self.axis.x(i)) for what, i in marks}
+        recomputed = "recomputed" in xs
+        # in memory: made .. last forward use, then (kept) until the last use, or (recomputed) again from the
+        # recomputation
+        pieces = [(xs["made"], xs["last forward use"] if recomputed else xs["last use"])]
+        if recomputed:
+            pieces.append((xs["recomputed"], xs["last use"]))
+        for x0, x1 in pieces:
+            bar = pg.PlotCurveItem([x0, x1], [y, y], pen=pg.mkPen(LIFETIME_COLOUR, width=5))
+            bar.setZValue(45)
+            item.addItem(bar, ignoreBounds=True)
+            self._lifetime.append(bar)
+        for k, (what, x) in enumerate(xs.items()):
+            line = pg.InfiniteLine(pos=x, angle=90, movable=False,
+                                   pen=pg.mkPen(LIFETIME_COLOUR, width=1, style=pg.QtCore.Qt.PenStyle.DotLine),
+                                   label=what, labelOpts={"position": 0.85 - 0.08 * k, "color": LIFETIME_COLOUR})
+            line.setZValue(44)
+            item.addItem(line, ignoreBounds=True)
+            self._lifetime.append(line)
+
+    def _clear_lifetime(self) -> None:
+        item = self.plot.getPlotItem()
+        for mark in self._lifetime:
+            item.removeItem(mark)
+        self._lifetime = []
+        self.lifetime: list[tuple[str, int]] = []
+
+    # -- span ------------------------------------------------------------------------------------------------
+    def _toggle_span(self, on: bool) -> None:
+        if not on or self.axis is None:
+            self.span.hide()
+            self.session.select_span(1, 0)
+            return
+        x0, x1 = self.plot.getPlotItem().vb.viewRange()[0]
+        middle, width = (x0 + x1) / 2, (x1 - x0) * 0.04
+        self.span.setRegion((middle - width, middle + width))
+        self.span.show()
+        self._on_span_moved()
+
+    def _on_span_moved(self, *_args) -> None:
+        if self.axis is None or not self.span.isVisible():
+            return
+        x0, x1 = self.span.getRegion()
+        self.session.select_span(*self.axis.nodes_between(x0, x1))
 
     # -- interaction -----------------------------------------------------------------------------------------
     def _on_line_moved(self, line: pg.InfiniteLine) -> None:
@@ -251,11 +395,9 @@ class TimelineView(QWidget):
             self.budgetDragged.emit(round(line.value() * GIB))
 
     def _node_at(self, scene_pos: QPointF) -> int | None:
-        if self._profile is None or not self.plot.sceneBoundingRect().contains(scene_pos):
+        if self._profile is None or self.axis is None or not self.plot.sceneBoundingRect().contains(scene_pos):
             return None
-        x = self.plot.getPlotItem().vb.mapSceneToView(scene_pos).x()
-        i = round(x)
-        return i if 0 <= i < len(self._profile.nodes) else None
+        return self.axis.node_at(self.plot.getPlotItem().vb.mapSceneToView(scene_pos).x())
 
     def _on_hover(self, args) -> None:
         i = self._node_at(args[0])
@@ -277,4 +419,3 @@ class TimelineView(QWidget):
         i = self._node_at(event.scenePos())
         if i is not None:
             self.nodeClicked.emit(self._profile.nodes[i].id)
-

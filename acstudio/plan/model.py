@@ -21,12 +21,13 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from acstudio.errors import PlanMismatchError, ProfileFileError
+from acstudio.errors import PlanMismatchError
 from acstudio.fileio import read_document, write_document, write_text
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from acstudio.plan.schedule import PlanContext
     from acstudio.profile.model import Profile
 
 SCHEMA = "acstudio.plan"
@@ -106,12 +107,18 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Plan:
+    def from_dict(cls, d: dict[str, Any], source: str | os.PathLike = "plan") -> Plan:
+        """Build a plan from its document, validated first (:mod:`acstudio.profile.schema`).
+
+        Raises :class:`~acstudio.errors.CorruptFileError` naming ``source``, the field and the problem.
+        """
+        from acstudio.profile.schema import validate_plan
+
+        doc = validate_plan(d, source)
         fields = {f.name for f in dataclasses.fields(cls)}
-        body = {k: v for k, v in d.items() if k in fields}
-        if "replay_mode" not in d and "share_chains" in d:  # files from before replay modes had names
-            body["replay_mode"] = "shared" if d["share_chains"] else "again"
-        body["schedule"] = [ScheduleEntry(*row) for row in d["schedule"]]
+        body = {k: v for k, v in d.items() if k in fields}  # a field the schema does not know yet passes as is
+        body.update((k, v) for k, v in doc.model_dump().items() if k in fields)
+        body["schedule"] = [ScheduleEntry(*row) for row in doc.schedule]
         return cls(**body)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -119,15 +126,18 @@ class Plan:
         write_document(path, SCHEMA, SCHEMA_VERSION, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, profile: Profile | None = None) -> Plan:
-        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph."""
-        doc = read_document(path, SCHEMA, SCHEMA_VERSION)
-        try:
-            plan = cls.from_dict(doc)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileFileError(f"{path}: corrupt plan ({type(exc).__name__}: {exc})") from exc
+    def load(cls, path: str | os.PathLike, profile: Profile | None = None, context: PlanContext | None = None
+             ) -> Plan:
+        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph, every id it names
+        exists there and its schedule and predictions are what that profile gives (``context``: the profile's
+        plan context, if one is at hand, saves simulating it again)."""
+        from acstudio.profile.schema import check_plan_against, check_plan_derivation
+
+        plan = cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
         if profile is not None:
             plan.check_profile(profile)
+            check_plan_against(plan, profile, path)
+            check_plan_derivation(plan, profile, path, context)
         return plan
 
     # -- tables ---------------------------------------------------------------------------------------------

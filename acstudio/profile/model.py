@@ -32,6 +32,12 @@ REGIONS = ("input", "forward", "loss", "backward", "optimizer", "output")
 CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary")
 
 
+def graph_fingerprint(graph: dict[str, Any]) -> str:
+    """Hash of a serialized graph (:func:`acstudio.capture.serialize.serialize_step` output)."""
+    blob = json.dumps(graph, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
 @dataclass
 class NodeRecord:
     """One node of the captured graph with its measurements.
@@ -112,8 +118,7 @@ class Profile:
     @cached_property
     def fingerprint(self) -> str:
         """Hash of the captured graph (ops, wiring, shapes): plans and exports are refused on any other."""
-        blob = json.dumps(self.graph, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return graph_fingerprint(self.graph)
 
     @cached_property
     def time_scale(self) -> float:
@@ -166,6 +171,7 @@ class Profile:
             "peak_breakdown": self.peak_breakdown,
             "iteration_ms": self.iteration_ms,
             "iterations": self.iterations,
+            "fingerprint": self.fingerprint,  # lets loading prove the graph was not changed since
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -173,30 +179,40 @@ class Profile:
         write_document(path, SCHEMA, SCHEMA_VERSION, self.to_dict())
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Profile:
-        return cls(
+    def from_dict(cls, d: dict[str, Any], source: str | os.PathLike = "profile") -> Profile:
+        """Build a profile from its document, validated first (:mod:`acstudio.profile.schema`).
+
+        Raises :class:`~acstudio.errors.CorruptFileError` naming ``source``, the field and the problem.
+        """
+        from acstudio.profile.schema import validate_profile
+
+        hashed: list[str] = []
+
+        def fingerprint_of(graph: dict[str, Any]) -> str:
+            hashed.append(graph_fingerprint(graph))
+            return hashed[-1]
+
+        doc = validate_profile(d, source, fingerprint_of)
+        profile = cls(
             workload=d["workload"],
             environment=d["environment"],
             graph=d["graph"],
-            nodes=[NodeRecord(*row) for row in d["nodes"]],
-            tensors=[TensorRecord(**t) for t in d["tensors"]],
-            activations=[ActivationRecord(*row) for row in d["activations"]],
-            peak_bytes=d["peak_bytes"],
-            peak_node=d["peak_node"],
-            peak_breakdown=d["peak_breakdown"],
-            iteration_ms=d["iteration_ms"],
-            iterations=d.get("iterations", {}),
+            nodes=[NodeRecord(*row) for row in doc.nodes],
+            tensors=[TensorRecord(**t) for t in doc.tensors],
+            activations=[ActivationRecord(*row) for row in doc.activations],
+            peak_bytes=doc.peak_bytes,
+            peak_node=doc.peak_node,
+            peak_breakdown=doc.peak_breakdown,
+            iteration_ms=doc.iteration_ms,
+            iterations=doc.iterations,
         )
+        if hashed:
+            profile.__dict__["fingerprint"] = hashed[0]  # already computed to check it: keep it (cached_property)
+        return profile
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Profile:
-        from acstudio.errors import ProfileFileError
-
-        doc = read_document(path, SCHEMA, SCHEMA_VERSION)
-        try:
-            return cls.from_dict(doc)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileFileError(f"{path}: corrupt profile ({type(exc).__name__}: {exc})") from exc
+        return cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
 
     # -- tables -----------------------------------------------------------------------------------------
     def nodes_df(self) -> pd.DataFrame:

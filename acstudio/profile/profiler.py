@@ -272,6 +272,7 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
     try:
         report(progress, 0, 1, stage)
         workload = build_fitting(spec, dev).to(dev)
+        spec = workload.spec  # a custom factory's own optimizer names the optimizer
         optimizer = workload.make_optimizer()
         check(cancel)
         stage = "capturing the training step"

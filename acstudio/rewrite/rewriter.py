@@ -134,7 +134,8 @@ def rewrite_step(step: CapturedStep, profile: Profile, recomputed: Collection[st
     recs = _Rewriter(gm, profile, mode.shares_chains, keep_random).apply(recomputed)
     gm.graph.lint()
     gm.recompile()
-    return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), recomputations=recs)
+    return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), optimizer=step.optimizer,
+                         recomputations=recs)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from acstudio.profile.profiler import resolve_device
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import plan_activations, rewrite_step
 from acstudio.workload import WorkloadSpec, build_workload
-from acstudio.workload.spec import make_optimizer, move_batch
+from acstudio.workload.spec import move_batch
 
 KINDS = ("loss", "gradients", "parameters", "buffers", "optimizer_state")
 # fp32 tolerance for devices with non-deterministic kernels; bf16 autocast rounds far more coarsely.
@@ -206,7 +206,7 @@ def _run(step: CapturedStep, master, spec: WorkloadSpec, dev: torch.device,
     CUDA with ``measure``, the peak of a second iteration measured with only the step's inputs alive."""
     model = copy.deepcopy(master.model).to(dev)
     batch = move_batch(master.batch, dev)
-    optimizer = make_optimizer(spec.optimizer, model.parameters())
+    optimizer = master.make_optimizer(model)
     prepare_optimizer(model, optimizer)
     try:
         torch.manual_seed(spec.seed)

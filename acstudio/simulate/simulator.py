@@ -13,7 +13,8 @@ creation order when several share that node; while it is replayed the memory is 
 activations alive then (retained ones, earlier re-materialised ones, sources kept alive for it) plus the
 high-water mark of the replay's own allocations (see :meth:`ReplayGraph.transient_bytes`; μ-TWO's Alg G
 leaves this out). A replayed random op's saved generator state counts from that op in forward to its last
-replay (:meth:`ReplayGraph.rng_spans`); the current state a replay holds while it runs the op is not counted.
+replay has run (:meth:`ReplayGraph.rng_spans`): conservative, as the graph frees it inside that replay once set;
+the current state a replay holds while it runs the op is not counted.
 A retained activation that a recomputation reads after its normal last use stays alive
 until that recomputation has finished (conservative: FX would free it inside the replay, after its last read).
 

@@ -1,11 +1,14 @@
 """The user's own model: ``path/to/file.py:factory`` or ``package.module:factory``.
 
-Contract: ``factory(batch_size: int) -> (model, batch, loss_fn)`` where ``loss_fn(model, batch)`` returns
-a scalar loss tensor. See ``resources/custom_model_example.py``.
+Contract: ``factory(batch_size: int) -> (model, batch, loss_fn)`` or ``(model, batch, loss_fn, optimizer)``
+where ``loss_fn(model, batch)`` returns a scalar loss tensor and ``optimizer`` (optional) is a
+``torch.optim.SGD``, ``Adam`` or ``AdamW`` over the model's parameters, with the user's own param groups and
+settings. See ``resources/custom_model_example.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -14,7 +17,7 @@ from pathlib import Path
 import torch
 
 from acstudio.errors import ACStudioError, UnknownModelError
-from acstudio.workload.spec import Workload, WorkloadSpec
+from acstudio.workload.spec import OPTIMIZER_CLASSES, Workload, WorkloadSpec
 
 
 def load_factory(reference: str):
@@ -56,11 +59,32 @@ def build(spec: WorkloadSpec) -> Workload:
     except Exception as exc:
         raise ACStudioError(f"{spec.model}({spec.batch_size}) raised {type(exc).__name__}: {exc} — fix the "
                             "factory (--debug shows where it failed)") from exc
-    if not (isinstance(result, tuple) and len(result) == 3):
+    if not (isinstance(result, tuple) and len(result) in (3, 4)):
         raise ACStudioError(f"{spec.model}: the factory returned {type(result).__name__} — return (model, batch, "
-                            "loss_fn) as resources/custom_model_example.py does")
-    model, batch, loss_fn = result
+                            "loss_fn) or (model, batch, loss_fn, optimizer) as resources/custom_model_example.py does")
+    model, batch, loss_fn, optimizer = (*result, None)[:4]
     if not isinstance(model, torch.nn.Module) or not callable(loss_fn):
         raise ACStudioError(f"{spec.model}: the factory returned a {type(model).__name__} model and a "
                             f"{type(loss_fn).__name__} loss — return (nn.Module, batch, callable loss_fn)")
-    return Workload(spec=spec, model=model, batch=batch, loss_fn=loss_fn, family="custom")
+    if optimizer is not None:
+        spec = dataclasses.replace(spec, optimizer=check_optimizer(spec, model, optimizer))
+    return Workload(spec=spec, model=model, batch=batch, loss_fn=loss_fn, family="custom", optimizer=optimizer)
+
+
+def check_optimizer(spec: WorkloadSpec, model: torch.nn.Module, optimizer) -> str:
+    """The name of a factory's own optimizer, once it is known to be one a step can be captured with."""
+    name = next((n for n, cls in OPTIMIZER_CLASSES.items() if type(optimizer) is cls), None)
+    if name is None:
+        supported = ", ".join(f"torch.optim.{cls.__name__}" for cls in OPTIMIZER_CLASSES.values())
+        raise ACStudioError(f"{spec.model}: the factory's optimizer is {type(optimizer).__name__}; AC Studio "
+                            f"captures {supported} — return one of those, or no optimizer to use --optimizer")
+    if spec.hyperparameters():
+        given = ", ".join(f"--{k.replace('_', '-')}" for k in spec.hyperparameters())
+        raise ACStudioError(f"{spec.model}: the factory returns its own optimizer, so {given} would be ignored — "
+                            "set the hyperparameters in the factory or return no optimizer")
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    names = {id(p) for p in model.parameters()}
+    if held - names:
+        raise ACStudioError(f"{spec.model}: the factory's optimizer holds tensors that are not parameters of the "
+                            "model — build it from model.parameters()")
+    return name

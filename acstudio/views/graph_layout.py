@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 from collections import defaultdict
@@ -25,12 +24,16 @@ from pathlib import Path
 import numpy as np
 
 from acstudio.fileio import write_text
-from acstudio.profile.model import REGIONS, Profile
+from acstudio.profile.model import Profile
 
 CHUNK = 60  # most leaf nodes a group shows directly when expanded
 LOOSE_LEAVES = 6  # more ops than this next to sub-modules are bundled into one "(ops)" box
 OWN_OPS = "(ops)"  # parenthesised: no module attribute can have this name
-LAYOUT_VERSION = 3  # bump when the geometry below changes, so stale disk caches are ignored
+LAYOUT_VERSION = 4  # bump when the geometry below changes, so stale disk caches are ignored
+# What each direction of the graph shows: forward with the loss it ends in, backward with the update it feeds.
+SHOWN_REGIONS = {"forward": ("forward", "loss"), "backward": ("loss", "backward", "optimizer"),
+                 "whole iteration": ("forward", "loss", "backward", "optimizer")}
+DEFAULT_PASS = "forward"  # what the graph opens on
 REGION_TITLES = {"input": "inputs", "forward": "forward", "loss": "loss", "backward": "backward",
                  "optimizer": "optimizer", "output": "output"}
 SLOT_TITLES = {"param": "parameters", "buffer": "buffers", "opt_state": "optimizer state", "batch": "batch"}
@@ -146,12 +149,15 @@ class ModuleTree:
             depth += 1
         return (*path, self.profile.nodes[i].id)
 
-    def view(self, expanded: frozenset[str]) -> View:
+    def view(self, expanded: frozenset[str], regions: tuple[str, ...] = SHOWN_REGIONS["whole iteration"]) -> View:
+        """The boxes of ``regions`` at this expansion; nodes of other regions belong to no item (-1)."""
         nodes = self.profile.nodes
         item_of_path: dict[tuple[str, ...], int] = {}
         items: list[Item] = []
-        node_item = np.empty(len(nodes), dtype=np.int64)
+        node_item = np.full(len(nodes), -1, dtype=np.int64)
         for i in range(len(nodes)):
+            if nodes[i].region not in regions:
+                continue
             vp = self.visible_path(i, expanded)
             k = item_of_path.get(vp)
             if k is None:
@@ -160,12 +166,14 @@ class ModuleTree:
             node_item[i] = k
         # Items are created in node order, which puts each group at its first node: stable and readable.
         a, b = node_item[self._src], node_item[self._dst]
-        keep = a != b
+        keep = (a != b) & (a >= 0) & (b >= 0)
         pairs = np.unique(np.stack([a[keep], b[keep]], axis=1), axis=0) if keep.any() else np.empty((0, 2))
         edges = [(int(x), int(y)) for x, y in pairs]
         clusters = []
         for path, members in self.members.items():
-            shown = all(key_of(path[:d]) in expanded for d in range(1, len(path) + 1))
+            # a region is never framed: the colours of its boxes already say which one it is
+            shown = len(path) > 1 and path[0] in regions and all(
+                key_of(path[:d]) in expanded for d in range(1, len(path) + 1))
             if shown and len(members) > 1:
                 inside = tuple(sorted({int(node_item[m]) for m in members}))
                 clusters.append((key_of(path), group_label(path), inside))
@@ -183,8 +191,10 @@ class ModuleTree:
         i = self.profile.node_index[vp[-1]]
         n = self.profile.nodes[i]
         op = n.target.removeprefix("aten.").removesuffix(".default")
-        return Item(key=n.id, label=f"{n.name}\n{op}", region=n.region, nodes=(i,), is_group=False,
-                    bytes=n.new_bytes)
+        # a module made of one op (ResNet's conv1) is named by the module, like its siblings
+        sole = len(vp) > 2 and len(self.members.get(vp[:-1], ())) == 1 and vp[-2] != OWN_OPS
+        return Item(key=n.id, label=f"{vp[-2]}\n{op}" if sole else f"{op}\n{n.shape or n.name}", region=n.region,
+                    nodes=(i,), is_group=False, bytes=n.new_bytes)
 
     def ancestors(self, i: int) -> list[str]:
         """Keys of all groups containing node ``i`` (expand these to show the node itself)."""
@@ -194,38 +204,49 @@ class ModuleTree:
     def parent_key(self, key: str) -> str:
         return key.rpartition(SEP)[0]
 
-    def default_expansion(self, limit: int = 60) -> frozenset[str]:
-        """Expand groups breadth-first while the view stays at most ``limit`` items.
-
-        Forward and backward come first at every level (that is where activations live) and are always
-        opened one level, then loss and optimizer, bigger groups before smaller ones; inputs stay collapsed.
-        """
-        priority = {"forward": 0, "backward": 0, "loss": 1, "optimizer": 2}
-
-        def order(paths):
-            # bundles of loose ops and chunks hold only leaves: never worth the room in a first view
-            keep = (p for p in paths if p[0] in priority and p[-1] != OWN_OPS and not p[-1].startswith("ops "))
-            return sorted(keep, key=lambda p: (priority[p[0]], -len(self.members[p])))
-
+    def default_expansion(self, min_items: int = 8, limit: int = 40) -> frozenset[str]:
+        """What the graph opens on: forward and backward show their top-level modules; then, as long as the
+        pass stays within ``limit`` boxes, its biggest group opens while the pass shows fewer than
+        ``min_items`` boxes (BERT: ``bert`` → ``encoder`` → its layers) or while that group holds most of the
+        pass (a decoder's stack of blocks ``h``)."""
         expanded: set[str] = set()
-        count = len({p[:1] for p in self.paths})
-        frontier = order(p for p in self.members if len(p) == 1)
-        while frontier:
-            nxt = []
-            for path in frontier:
-                children = self._children(path)
-                always = len(path) == 1 and priority[path[0]] == 0
-                if len(self.members[path]) < 2 or (count - 1 + len(children) > limit and not always):
-                    continue
-                expanded.add(key_of(path))
-                count += len(children) - 1
-                nxt += [c for c in children if c in self.members]
-            frontier = order(nxt)
+        for region in ("forward", "backward"):
+            if (region,) not in self.members:
+                continue
+            expanded.add(region)
+            total = len(self.members[(region,)])
+            shown = self._children((region,))
+            while True:
+                groups = [p for p in shown if len(self.members.get(p, ())) > 1 and p[-1] != OWN_OPS
+                          and not p[-1].startswith("ops ")]
+                fits = [p for p in groups if len(shown) - 1 + len(self._children(p)) <= limit]
+                if not fits:
+                    break
+                biggest = max(fits, key=lambda p: len(self.members[p]))
+                if len(shown) >= min_items and 2 * len(self.members[biggest]) <= total:
+                    break
+                expanded.add(key_of(biggest))
+                shown = (shown - {biggest}) | self._children(biggest)
         return frozenset(expanded)
 
     def _children(self, path: tuple[str, ...]) -> set[tuple[str, ...]]:
         depth = len(path) + 1
         return {self.paths[m][:depth] if len(self.paths[m]) >= depth else (*path, str(m)) for m in self.members[path]}
+
+    def find_modules(self, text: str) -> list[str]:
+        """Keys of the modules ``text`` names, by their name or the tail of their dotted path (``layer3``,
+        ``layer3.0``, ``encoder.layer.11``; case-insensitive): forward ones first, outer before inner."""
+        t = text.strip().lower()
+        if not t:
+            return []
+
+        def named(p: tuple[str, ...]) -> bool:
+            dotted = module_name(p).lower()
+            return t in (group_label(p).lower(), dotted) or dotted.endswith("." + t)
+
+        found = [p for p, members in self.members.items() if len(p) > 1 and p[0] in ("forward", "backward")
+                 and len(members) > 1 and named(p)]
+        return [key_of(p) for p in sorted(found, key=lambda p: (p[0] != "forward", len(p), self.members[p][0]))]
 
     def search(self, text: str) -> list[int]:
         """Node indices whose id, name, op or module contains ``text`` (case-insensitive), in graph order."""
@@ -236,12 +257,24 @@ class ModuleTree:
                 if t in n.id.lower() or t in n.name.lower() or t in n.target.lower() or t in n.module.lower()]
 
 
+def module_name(path: tuple[str, ...]) -> str:
+    """The dotted module path of a group (``forward/layer3/0`` -> ``layer3.0``)."""
+    return ".".join(p for p in path[1:] if p != OWN_OPS)
+
+
 def key_of(path: tuple[str, ...]) -> str:
     return SEP.join(path)
 
 
 def group_label(path: tuple[str, ...]) -> str:
-    return REGION_TITLES.get(path[0], path[0]) if len(path) == 1 else path[-1]
+    """A group's name: the region, or the module attribute (list entries with their list: ``layer.11``)."""
+    if len(path) == 1:
+        return REGION_TITLES.get(path[0], path[0])
+    if path[-1].isdigit() and len(path) > 2:
+        return f"{path[-2]}.{path[-1]}"
+    if path[-1] == OWN_OPS:  # the ops a module runs itself, next to its sub-modules
+        return f"{group_label(path[:-1])} ops"
+    return path[-1]
 
 
 def _chunked(paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
@@ -279,10 +312,16 @@ def _chunked(paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
 
 
 # -- sizes --------------------------------------------------------------------------------------------------
+FONT_PT = 10.0  # label size in scene points: at the launch zoom (1:1 or larger) labels read at 10 pt
+LINE_PT = 14.0
+CHAR_PT = 6.6  # generous average glyph width of the label font, so labels fit their boxes
+TITLE_PT = 24.0  # room above an expanded group's contents for its title
+
+
 def box_size(item: Item) -> tuple[float, float]:
-    """Box size in points: wider for more bytes allocated (log scale), groups taller than nodes."""
-    grow = 14.0 * math.log10(1.0 + item.bytes / 1024.0)
-    return (90.0 + min(grow, 110.0), 40.0 if item.is_group else 30.0)
+    """Box size in points: wide enough for the longest label line, two lines tall."""
+    longest = max(len(line) for line in item.label.split("\n"))
+    return (max(96.0, CHAR_PT * longest + 16.0), 2 * LINE_PT + (10.0 if item.is_group else 6.0))
 
 
 # -- layout -------------------------------------------------------------------------------------------------
@@ -302,22 +341,29 @@ def layout_view(view: View) -> Layout:
     return layered_layout(view)
 
 
+def _cluster_children(view: View) -> dict[str, list[str]]:
+    """Expanded groups by their nearest expanded ancestor (``""``: the top level)."""
+    keys = {c[0] for c in view.clusters}
+    children: dict[str, list[str]] = defaultdict(list)
+    for key in keys:
+        parent = key.rpartition(SEP)[0]
+        while parent and parent not in keys:
+            parent = parent.rpartition(SEP)[0]
+        children[parent].append(key)
+    return children
+
+
 def dot_source(view: View) -> tuple[str, dict[str, str]]:
     """The dot graph and its cluster names: item i is node ``i{i}``, expanded groups are nested clusters."""
     import graphviz
 
-    g = graphviz.Digraph(graph_attr={"rankdir": "LR", "nodesep": "0.15", "ranksep": "0.35", "splines": "true",
-                                     "fontsize": "11", "labeljust": "l"},
+    g = graphviz.Digraph(graph_attr={"rankdir": "TB", "nodesep": "0.25", "ranksep": "0.3", "splines": "true",
+                                     "fontsize": "12", "labeljust": "l", "margin": "0"},
                          node_attr={"shape": "box", "fixedsize": "true", "label": ""})
     placed: set[int] = set()
     by_key = {c[0]: c for c in view.clusters}
     names: dict[str, str] = {}
-    children: dict[str, list[str]] = defaultdict(list)
-    for key in by_key:
-        parent = key.rpartition(SEP)[0]
-        while parent and parent not in by_key:
-            parent = parent.rpartition(SEP)[0]
-        children[parent].append(key)
+    children = _cluster_children(view)
 
     def add_cluster(parent_graph, key: str) -> None:
         name = names[key] = f"cluster_{len(names)}"
@@ -390,60 +436,113 @@ def _spline_points(pos: str, height: float) -> list[tuple[float, float]]:
 
 
 def layered_layout(view: View) -> Layout:
-    """Fallback without graphviz: one band per region, items layered by longest path inside their region."""
-    gap_x, gap_y, band_gap = 40.0, 12.0, 50.0
-    sizes = [box_size(it) for it in view.items]
-    first = [it.nodes[0] for it in view.items]
-    layer = [0] * len(view.items)
-    # Items are in node order, so edges pointing forward in that order form a DAG: one pass is enough.
-    incoming: dict[int, list[int]] = defaultdict(list)
+    """Fallback without graphviz: every expanded group is laid out on its own, top to bottom, as one box of
+    its parent (Model Explorer's recursive scheme), so frames never overlap and edges join box edges."""
+    gap_x, gap_y, pad = 24.0, 26.0, 10.0
+    children = _cluster_children(view)
+    inside = {key: members for key, _, members in view.clusters}
+    owner = [""] * len(view.items)  # innermost expanded group of each item
+    for key in sorted(inside, key=lambda k: k.count(SEP)):
+        for i in inside[key]:
+            owner[i] = key
+    chain: dict[str, list[str]] = {"": [""]}  # owner -> its ancestors from the top, itself last
+
+    def chain_of(key: str) -> list[str]:
+        if key not in chain:
+            parent = next(p for p, kids in children.items() if key in kids)
+            chain[key] = [*chain_of(parent), key]
+        return chain[key]
+
+    # per owner: its children ("c:<key>" or "i:<index>"), their first graph node, and edges between them
+    kids: dict[str, list[str]] = defaultdict(list)
+    first: dict[str, int] = {}
+    for key, members in inside.items():
+        first[f"c:{key}"] = min(view.items[i].nodes[0] for i in members)
+        kids[chain_of(key)[-2]].append(f"c:{key}")
+    for i, item in enumerate(view.items):
+        first[f"i:{i}"] = item.nodes[0]
+        kids[owner[i]].append(f"i:{i}")
+    item_path = [[*(f"c:{k}" for k in chain_of(owner[i])[1:]), f"i:{i}"] for i in range(len(view.items))]
+    local_edges: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for a, b in view.edges:
-        if first[a] < first[b] and view.items[a].region == view.items[b].region:
-            incoming[b].append(a)
-    for b in range(len(view.items)):
-        if incoming[b]:
-            layer[b] = max(layer[a] + 1 for a in incoming[b])
+        pa, pb = item_path[a], item_path[b]
+        d = 0
+        while pa[d] == pb[d]:
+            d += 1
+        local_edges[pa[d - 1][2:] if d else ""].add((pa[d], pb[d]))
+
+    size: dict[str, tuple[float, float]] = {f"i:{i}": box_size(it) for i, it in enumerate(view.items)}
+    offset: dict[str, tuple[float, float]] = {}  # child -> position inside its owner's content box
+
+    def arrange(key: str) -> tuple[float, float]:
+        members = sorted(kids[key], key=first.__getitem__)
+        for m in members:
+            if m.startswith("c:"):
+                w, h = arrange(m[2:])
+                size[m] = (w + 2 * pad, h + TITLE_PT + pad)
+        preds: dict[str, list[str]] = defaultdict(list)
+        for a, b in local_edges.get(key, ()):
+            if first[a] < first[b]:  # node order makes these a DAG
+                preds[b].append(a)
+        layer: dict[str, int] = {}
+        for m in members:
+            layer[m] = max((layer[p] + 1 for p in preds[m]), default=0)
+        rows: dict[int, list[str]] = defaultdict(list)
+        for m in members:
+            rows[layer[m]].append(m)
+        centre: dict[str, float] = {}
+        y = 0.0
+        width = max((sum(size[m][0] for m in row) + gap_x * (len(row) - 1) for row in rows.values()), default=0.0)
+        for r in sorted(rows):
+            row = rows[r]
+            row.sort(key=lambda m: (np.mean([centre[p] for p in preds[m]]) if preds[m] else 0.0, first[m]))
+            row_w = sum(size[m][0] for m in row) + gap_x * (len(row) - 1)
+            x = (width - row_w) / 2
+            for m in row:
+                offset[m] = (x, y)
+                centre[m] = x + size[m][0] / 2
+                x += size[m][0] + gap_x
+            y += max(size[m][1] for m in row) + gap_y
+        return width, max(y - gap_y, 0.0)
+
+    arrange("")
     boxes: list[tuple[float, float, float, float]] = [(0.0, 0.0, 0.0, 0.0)] * len(view.items)
-    top = 0.0
-    col_w = max((s[0] for s in sizes), default=0.0) + gap_x
-    for region in REGIONS:
-        members = [i for i, it in enumerate(view.items) if it.region == region]
-        if not members:
-            continue
-        y_in_layer: dict[int, float] = defaultdict(float)
-        for i in members:
-            w, h = sizes[i]
-            boxes[i] = (layer[i] * col_w, top + y_in_layer[layer[i]], w, h)
-            y_in_layer[layer[i]] += h + gap_y
-        top += max(y_in_layer.values()) + band_gap
+    frames: dict[str, tuple[float, float, float, float]] = {}
+
+    def place(key: str, x0: float, y0: float) -> None:
+        for m in kids[key]:
+            x, y = x0 + offset[m][0], y0 + offset[m][1]
+            w, h = size[m]
+            if m.startswith("c:"):
+                frames[m[2:]] = (x, y, w, h)
+                place(m[2:], x + pad, y + TITLE_PT)
+            else:
+                boxes[int(m[2:])] = (x, y, w, h)
+
+    place("", 0.0, 0.0)
     edges = []
     for a, b in view.edges:
         ax, ay, aw, ah = boxes[a]
-        bx, by, _, bh = boxes[b]
-        p0, p1 = (ax + aw, ay + ah / 2), (bx, by + bh / 2)
-        dx = max(20.0, abs(p1[0] - p0[0]) / 2)
-        edges.append([p0, (p0[0] + dx, p0[1]), (p1[0] - dx, p1[1]), p1])
-    clusters = []
-    for key, label, inside in view.clusters:
-        rects = [boxes[i] for i in inside]
-        x0 = min(r[0] for r in rects) - 8
-        y0 = min(r[1] for r in rects) - 22
-        x1 = max(r[0] + r[2] for r in rects) + 8
-        y1 = max(r[1] + r[3] for r in rects) + 8
-        clusters.append((key, label, (x0, y0, x1 - x0, y1 - y0)))
+        bx, by, bw, _ = boxes[b]
+        p0, p1 = (ax + aw / 2, ay + ah), (bx + bw / 2, by)
+        dy = max(12.0, abs(p1[1] - p0[1]) / 2)
+        edges.append([p0, (p0[0], p0[1] + dy), (p1[0], p1[1] - dy), p1])
+    labels = {key: label for key, label, _ in view.clusters}
+    clusters = sorted(((k, labels[k], r) for k, r in frames.items()), key=lambda c: c[0].count(SEP))
     return Layout(boxes=boxes, edges=edges, clusters=clusters, engine="layered")
 
 
 # -- disk cache ---------------------------------------------------------------------------------------------
-def cache_file(cache_dir: str | os.PathLike, fingerprint: str, expanded: frozenset[str]) -> Path:
-    digest = hashlib.sha256("\n".join(sorted(expanded)).encode()).hexdigest()[:16]
+def cache_file(cache_dir: str | os.PathLike, fingerprint: str, expanded: frozenset[str],
+               regions: tuple[str, ...] = SHOWN_REGIONS["whole iteration"]) -> Path:
+    digest = hashlib.sha256("\n".join([*sorted(expanded), "|", *regions]).encode()).hexdigest()[:16]
     return Path(cache_dir) / f"layout-v{LAYOUT_VERSION}-{fingerprint}-{digest}.json"
 
 
-def cached_layout(view: View, fingerprint: str, expanded: frozenset[str],
-                  cache_dir: str | os.PathLike | None) -> Layout:
+def cached_layout(view: View, fingerprint: str, expanded: frozenset[str], cache_dir: str | os.PathLike | None,
+                  regions: tuple[str, ...] = SHOWN_REGIONS["whole iteration"]) -> Layout:
     """:func:`layout_view` with dot layouts kept on disk; fallback layouts are cheap and never cached."""
-    path = cache_file(cache_dir, fingerprint, expanded) if cache_dir else None
+    path = cache_file(cache_dir, fingerprint, expanded, regions) if cache_dir else None
     if path is not None and path.is_file():
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
@@ -456,3 +555,10 @@ def cached_layout(view: View, fingerprint: str, expanded: frozenset[str],
     if path is not None and layout.engine == "dot":
         write_text(path, json.dumps(asdict(layout), separators=(",", ":")))
     return layout
+
+
+def laid_out(tree: ModuleTree, expanded: frozenset[str], regions: tuple[str, ...],
+             cache_dir: str | os.PathLike | None = None) -> tuple[frozenset[str], tuple[str, ...], View, Layout]:
+    """One expansion state of one pass, grouped and laid out: what the graph view draws."""
+    view = tree.view(expanded, regions)
+    return expanded, regions, view, cached_layout(view, tree.profile.fingerprint, expanded, cache_dir, regions)

@@ -6,7 +6,7 @@ Building, tracing and measuring a model holds the GIL for long stretches (loadin
 either would stall the window. A child process runs on another core, frees every byte of GPU memory when it
 ends, can be killed if it stops answering a cancel, and cannot take the window down if the model crashes.
 
-Protocol: ``python -m acstudio.gui.child COMMAND ARGS``; for ``profile`` the parent writes the workload spec as
+Protocol: ``python -m acstudio.views.child COMMAND ARGS``; for ``profile`` the parent writes the workload spec as
 one JSON line on stdin, then ``cancel`` to cancel. The child answers with lines ``@acstudio {json}`` on stdout
 (``progress``, then one of ``done``, ``cancelled``, ``error``); any other output (the user's model may print)
 is ignored. No Qt in here.
@@ -129,7 +129,7 @@ def _run(fn) -> int:
 
 def _start(args: list[str]) -> tuple[subprocess.Popen, queue.Queue]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "acstudio.gui.child", *args], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "acstudio.views.child", *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     lines: queue.Queue = queue.Queue()
 

@@ -1,0 +1,136 @@
+"""What the graph colours and the activation table show for a plan, as plain arrays and columns. No Qt in here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from acstudio.plan.model import Plan
+from acstudio.profile.model import Profile
+
+TABLE_PLAN_COLUMNS = ("decision", "why", "step", "sources", "replay_nodes", "recompute_ms", "ratio")
+
+
+@dataclass
+class Decisions:
+    """Per-node facts of one plan (arrays over profile nodes), what the graph colours its boxes by.
+
+    An activation's bytes count at the node that makes it (forward) and at its first backward use (where a
+    recomputed one is brought back), so forward and backward boxes of a module read the same way.
+    """
+
+    recomputed_bytes: np.ndarray
+    retained_bytes: np.ndarray
+    replayed: np.ndarray  # 1 where the node is re-executed in backward to recompute something
+    inserted: np.ndarray  # number of recomputations inserted just before this node
+
+
+@dataclass(frozen=True)
+class ActivationIndex:
+    """Node positions of every activation (table row): made, last forward use, first and last backward use."""
+
+    created: np.ndarray
+    last_fw: np.ndarray
+    first_bw: np.ndarray
+    last_bw: np.ndarray
+    bytes: np.ndarray
+
+    @classmethod
+    def of(cls, profile: Profile) -> ActivationIndex:
+        index = profile.node_index
+
+        def column(attr: str) -> np.ndarray:
+            return np.array([index[getattr(a, attr)] for a in profile.activations], dtype=np.int64)
+
+        return cls(created=column("created_at"), last_fw=column("last_fw_use"), first_bw=column("first_bw_use"),
+                   last_bw=column("last_bw_use"),
+                   bytes=np.array([a.bytes for a in profile.activations], dtype=np.int64))
+
+
+def activation_table(profile: Profile) -> pd.DataFrame:
+    """Static facts per activation: where it is made, its size, how long it lives and waits."""
+    index = profile.node_index
+    by_id = profile.node_by_id
+    rows = []
+    for a in profile.activations:
+        made = by_id[a.created_at]
+        rows.append({
+            "activation": a.id, "node": made.name, "op": made.target.removeprefix("aten."), "module": made.module,
+            "shape": made.shape, "bytes": a.bytes,
+            "lifetime": index[a.last_bw_use] - index[a.created_at],
+            "inactive_ms": a.inactive_time_ms, "first_bw_use": by_id[a.first_bw_use].name,
+        })
+    cols = ["activation", "node", "op", "module", "shape", "bytes", "lifetime", "inactive_ms", "first_bw_use"]
+    df = pd.DataFrame(rows, columns=cols).set_index("activation", drop=False)
+    df = df.rename(columns={"activation": "id"})
+    for c in TABLE_PLAN_COLUMNS:
+        df[c] = ""
+    return df
+
+
+def recomputed_mask(profile: Profile, decisions: dict[str, str]) -> np.ndarray:
+    """Per activation (table row): does the plan recompute it?"""
+    return np.array([decisions.get(a.id) == "recompute" for a in profile.activations], dtype=bool)
+
+
+def back_in_memory_at(profile: Profile, acts: ActivationIndex, plan: Plan) -> np.ndarray:
+    """Per activation: the node before which the plan brings it back (its recomputation; in a shared replay
+    that can be before its first backward use), or -1 when the plan keeps it."""
+    row = {a.id: k for k, a in enumerate(profile.activations)}
+    back = np.full(len(acts.bytes), -1, dtype=np.int64)
+    for e in plan.schedule:
+        back[row[e.activation]] = profile.node_index[e.recompute_before]
+    return back
+
+
+def alive_in_span(acts: ActivationIndex, back_at: np.ndarray, first: int, last: int) -> np.ndarray:
+    """Per activation: is it in memory somewhere in nodes ``first..last``? A kept activation (``back_at`` -1)
+    lives from the node that makes it to its last backward use; a recomputed one until its last forward use,
+    then again from ``back_at`` to its last use."""
+    made = acts.created <= last
+    kept_span = made & (acts.last_bw >= first)
+    forward_part = made & (acts.last_fw >= first)
+    backward_part = (back_at <= last) & (acts.last_bw >= first)
+    return np.where(back_at < 0, kept_span, forward_part | backward_part)
+
+
+def graph_decisions(profile: Profile, acts: ActivationIndex, plan: Plan, decisions: dict[str, str]) -> Decisions:
+    """Per-node arrays for the graph colours of ``plan``."""
+    n = len(profile.nodes)
+    index = profile.node_index
+    rec_mask = recomputed_mask(profile, decisions)
+    nodes = np.concatenate([acts.created, acts.first_bw])
+    weights = np.concatenate([acts.bytes, acts.bytes]).astype(float)
+    rec2 = np.concatenate([rec_mask, rec_mask])
+    rec = np.bincount(nodes[rec2], weights=weights[rec2], minlength=n)
+    ret = np.bincount(nodes[~rec2], weights=weights[~rec2], minlength=n)
+    replayed = np.zeros(n)
+    inserted = np.zeros(n)
+    for e in plan.schedule:
+        replayed[[index[r] for r in e.replay]] = 1
+        inserted[index[e.recompute_before]] += 1
+    return Decisions(recomputed_bytes=rec, retained_bytes=ret, replayed=replayed, inserted=inserted)
+
+
+def table_columns(profile: Profile, plan: Plan, decisions: dict[str, str]) -> dict[str, list]:
+    """The activation table's plan columns: decision, why in words, and the schedule entry if recomputed."""
+    order = {a: k + 1 for k, a in enumerate(plan.recomputed)}
+    entries = {e.activation: e for e in plan.schedule}
+    cols: dict[str, list] = {c: [] for c in TABLE_PLAN_COLUMNS}
+    for a in profile.activations:
+        decision, _, why = decisions.get(a.id, "").partition(": ")
+        e = entries.get(a.id)
+        if decision == "recompute":
+            why = "freed after forward, recomputed before its first backward use"
+        elif decision == "retain":
+            why = "kept: the budget was met before μ-TWO reached it" if plan.solver == "mutwo" else "kept"
+        cols["decision"].append(decision)
+        cols["why"].append(why)
+        cols["step"].append(order.get(a.id, float("nan")))
+        cols["sources"].append(" ".join(e.sources) if e else "")
+        cols["replay_nodes"].append(len(e.replay) if e else float("nan"))
+        cols["recompute_ms"].append(e.recompute_ms if e else float("nan"))
+        cols["ratio"].append(e.ratio if e else float("nan"))
+    return cols

@@ -1,0 +1,74 @@
+"""The memory timeline's x axis and the lifetime marks of one activation. No Qt in here.
+
+The graph's input placeholders (parameters, optimizer state, the batch: 2300 of ResNet-152's 6814 nodes)
+come first in node order but take no time and allocate nothing while the step runs, so the axis starts after
+them: either at execution order 0 or at 0 ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from acstudio.plan.model import Plan
+from acstudio.profile.model import Profile
+
+AXES = {"time": "time (ms)", "order": "execution order (ops)"}
+
+
+@dataclass(frozen=True)
+class TimelineAxis:
+    """Where each node sits on the x axis: node ``i`` spans ``edges[i] .. edges[i + 1]``; nodes before
+    ``start`` (the input placeholders) have zero width at 0."""
+
+    mode: str
+    start: int
+    edges: np.ndarray  # len(nodes) + 1, non-decreasing
+
+    @classmethod
+    def of(cls, profile: Profile, mode: str) -> TimelineAxis:
+        n = len(profile.nodes)
+        start = next((i for i, node in enumerate(profile.nodes) if node.region != "input"), n)
+        if mode == "time":
+            scale = profile.time_scale if profile.time_scale > 0 else 1.0
+            width = np.array([node.run_time_ms * scale for node in profile.nodes], dtype=float)
+        elif mode == "order":
+            width = np.ones(n)
+        else:
+            raise ValueError(f"unknown timeline axis {mode!r}; choose one of {', '.join(AXES)}")
+        width[:start] = 0.0
+        return cls(mode=mode, start=start, edges=np.concatenate([[0.0], np.cumsum(width)]))
+
+    @property
+    def label(self) -> str:
+        return AXES[self.mode]
+
+    def x(self, i: int | np.ndarray) -> float | np.ndarray:
+        """Left edge of node ``i`` on the axis."""
+        return self.edges[i]
+
+    def node_at(self, x: float) -> int | None:
+        """The node drawn at ``x`` (``None`` outside the step)."""
+        if not self.edges[self.start] <= x < self.edges[-1]:
+            return None
+        return int(np.searchsorted(self.edges, x, side="right")) - 1
+
+    def nodes_between(self, x0: float, x1: float) -> tuple[int, int]:
+        """First and last node drawn between ``x0`` and ``x1`` (last < first when none is)."""
+        lo = max(int(np.searchsorted(self.edges, x0, side="right")) - 1, self.start)
+        hi = min(int(np.searchsorted(self.edges, x1, side="left")) - 1, len(self.edges) - 2)
+        return lo, hi
+
+
+def lifetime_marks(profile: Profile, plan: Plan | None, activation_id: str) -> list[tuple[str, int]]:
+    """The moments of an activation's life, as (what, node index): made, last forward use, first backward use,
+    and, when the plan recomputes it, where the recomputation is inserted; then its last use."""
+    act = profile.activation_by_id[activation_id]
+    index = profile.node_index
+    marks = [("made", index[act.created_at]), ("last forward use", index[act.last_fw_use])]
+    entry = next((e for e in plan.schedule if e.activation == activation_id), None) if plan is not None else None
+    if entry is not None:
+        marks.append(("recomputed", index[entry.recompute_before]))
+    marks += [("first backward use", index[act.first_bw_use]), ("last use", index[act.last_bw_use])]
+    return marks
