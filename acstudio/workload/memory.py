@@ -77,14 +77,18 @@ class _FusedAttention(torch.autograd.Function):
         raise NotImplementedError
 
 
-class _AttentionAsFused(TorchFunctionMode):
-    """On ``meta`` every attention runs its math form, which saves the whole score matrix; a GPU runs a fused
-    kernel. Counting the fused kernel's tensors keeps the estimate a lower bound."""
+class _MetaForward(TorchFunctionMode):
+    """What a meta forward pass cannot do by itself. Every attention runs its math form there, which saves the
+    whole score matrix where a GPU runs a fused kernel: count the fused kernel's tensors, so the estimate stays
+    a lower bound. And tensors have no values: a test of one (transformers asks "is the mask all ones?",
+    "is the batch packed?") is answered yes, the common case, which does not change what is saved."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.scaled_dot_product_attention:
             named = [kwargs[k] for k in ("query", "key", "value") if k in (kwargs or {})]
             return _FusedAttention.apply(*[*args, *named][:3])
+        if func is torch.Tensor.__bool__ and args[0].is_meta:
+            return True
         return func(*args, **(kwargs or {}))
 
 
@@ -102,13 +106,8 @@ def saved_activation_bytes(workload: Workload) -> int:
             seen[key] = max(seen.get(key, 0), nbytes)
         return t
 
-    batch = workload.batch
-    if isinstance(batch, dict):
-        # transformers reads the mask's values to choose an attention path; meta tensors have none. Without
-        # it the same layers run, with the same saved tensors.
-        batch = {k: v for k, v in batch.items() if k != "attention_mask"}
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _AttentionAsFused():
-        workload.loss_fn(workload.model, batch)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _MetaForward():
+        workload.loss_fn(workload.model, workload.batch)
     return sum(seen.values())
 
 
