@@ -86,8 +86,8 @@ def cmd_models(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from acstudio.plan.budget import format_bytes
     from acstudio.profile.profiler import profile_workload
+    from acstudio.units import format_bytes
 
     spec = _spec(args)
     check_writable(args.out)
@@ -139,13 +139,13 @@ def per_rank(profile, args):
 def cmd_plan(args) -> int:
     import pandas as pd
 
-    from acstudio.plan.budget import format_bytes, parse_budget
     from acstudio.plan.peak import explain_peak, floor_sentence
     from acstudio.plan.schedule import PlanContext
     from acstudio.plan.solvers import plan, sweep
     from acstudio.profile.model import Profile
     from acstudio.simulate.modes import get_mode
     from acstudio.simulate.simulator import Simulator
+    from acstudio.units import format_bytes, parse_budget
 
     if args.out:
         check_writable(args.out)
@@ -203,7 +203,7 @@ def _load_profile_and_plan(args):
     profile = Profile.load(args.profile)
     plan = Plan.load(args.plan, profile=profile)
     if not plan.feasible:
-        from acstudio.plan.budget import format_bytes
+        from acstudio.units import format_bytes
 
         print(f"acstudio: warning: {args.plan} is INFEASIBLE: predicted peak {format_bytes(plan.predicted_peak_bytes)} "
               f"exceeds its budget {format_bytes(plan.budget_bytes)} (AC floor {format_bytes(plan.floor_bytes)}); "

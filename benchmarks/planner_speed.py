@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
-from acstudio.plan.budget import format_bytes
 from acstudio.plan.mutwo import mutwo_trajectory
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import Simulator
+from acstudio.units import format_bytes
 
 
 def timed(fn):

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from acstudio.fileio import write_text
-from acstudio.plan.budget import parse_budget
 from acstudio.plan.mutwo import mutwo_trajectory
 from acstudio.profile.model import Profile
 from acstudio.rewrite.verify import verify
+from acstudio.units import parse_budget
 
 MiB = 2**20
 DEFAULT_BUDGETS = "90%,75%,60%,50%,40%,floor"

@@ -8,10 +8,10 @@ from conftest import tiny_spec
 
 from acstudio.bench import run_bench
 from acstudio.errors import ACStudioError
-from acstudio.plan.budget import parse_budget
 from acstudio.profile.model import Profile
 from acstudio.simulate.sharding import per_rank_profile, static_bytes
 from acstudio.simulate.simulator import Simulator
+from acstudio.units import parse_budget
 
 NO_DROPOUT = (("resid_pdrop", "0"), ("embd_pdrop", "0"), ("attn_pdrop", "0"))
 

@@ -147,7 +147,7 @@ class BenchConfig:
         if kind.arg == "budget":
             ref = _reference(arg)
             if ref is None:  # a typo fails here, not after a worker has profiled the model
-                from acstudio.plan.budget import parse_budget
+                from acstudio.units import parse_budget
 
                 parse_budget(arg, 2**40)  # any baseline: only the syntax is checked
             elif ref.config.spec.arg == "budget":

@@ -37,7 +37,7 @@ CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "para
 
 def parse_size(text: str) -> int:
     """An absolute memory size such as ``16GiB``, ``8000MiB`` or ``12GB`` (the planner's budget syntax)."""
-    from acstudio.plan.budget import parse_budget
+    from acstudio.units import parse_budget
 
     if str(text).strip().endswith("%"):
         raise ACStudioError(f"{text!r}: a memory budget for the batch-size search must be absolute, e.g. 16GiB")

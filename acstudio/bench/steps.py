@@ -148,9 +148,9 @@ def prepare_rewritten(req: Request) -> Prepared:
     """
     from acstudio.capture.serialize import deserialize_step
     from acstudio.capture.tracer import prepare_optimizer
-    from acstudio.plan.budget import parse_budget
     from acstudio.plan.solvers import plan as plan_budget
     from acstudio.rewrite.rewriter import rewrite
+    from acstudio.units import parse_budget
 
     spec, dev = req.spec, req.dev
     profile = cached_profile(spec, dev, req.profile_path)
@@ -326,8 +326,8 @@ def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
     (``--format sac``) into ``plan_dir``; returns the plan's summary for the result row."""
     from acstudio.export import export
     from acstudio.plan import plan as make_plan
-    from acstudio.plan.budget import parse_budget
     from acstudio.plan.schedule import PlanContext
+    from acstudio.units import parse_budget
 
     local = req.spec if req.dist is None else req.dist.local_spec(req.spec)
     profile = cached_profile(local, req.dev, req.profile_path)

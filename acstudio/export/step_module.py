@@ -23,13 +23,13 @@ from acstudio.capture.serialize import deserialize_step
 from acstudio.capture.step import IMPLEMENTATION_FLAGS, CapturedStep
 from acstudio.export.formats import ExportError, ExportFormat, ExportJob, register_format
 from acstudio.fileio import write_document
-from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import RewrittenStep, rewrite_step
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.sac import SAC_MODE
+from acstudio.units import format_bytes
 from acstudio.workload import WorkloadSpec, build_workload
 from acstudio.workload.spec import make_optimizer
 

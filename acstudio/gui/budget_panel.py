@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.timeline import cache_pixmaps
-from acstudio.plan.budget import format_bytes
+from acstudio.units import format_bytes
 from acstudio.views.pareto import pareto_shape
 
 GIB = float(2**30)

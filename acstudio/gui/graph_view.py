@@ -350,7 +350,7 @@ class GraphView(QWidget):
         self.scene.setSceneRect(shown.adjusted(-16, -16, 16, 16))
 
     def _tooltip(self, item: gl.Item) -> str:
-        from acstudio.plan.budget import format_bytes
+        from acstudio.units import format_bytes
 
         if item.is_group:
             where = item.key.partition(gl.SEP)[2].replace(gl.SEP, ".") or item.key

@@ -42,11 +42,11 @@ from acstudio.gui.models import ID_ROLE, DataFrameModel, FilterProxy, fmt_bytes,
 from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.gui.session import Loaded, PlanState, Session, open_document, prepare
 from acstudio.gui.timeline import TimelineView
-from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.plan.solvers import SOLVERS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
+from acstudio.units import format_bytes
 from acstudio.views.child import probe_environment, profile_in_child, sweep_in_child
 
 MAX_RECENT = 8

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
 
-from acstudio.plan.budget import format_bytes
+from acstudio.units import format_bytes
 
 SORT_ROLE = Qt.ItemDataRole.UserRole
 ID_ROLE = Qt.ItemDataRole.UserRole + 1  # the row's index value (node or activation id)

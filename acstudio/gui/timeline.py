@@ -24,9 +24,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from acstudio.plan.budget import format_bytes
 from acstudio.profile.model import Profile
 from acstudio.simulate import TIMELINE_CATEGORIES
+from acstudio.units import format_bytes
 from acstudio.views.timeline import AXES, TimelineAxis, lifetime_marks
 
 GIB = float(2**30)

@@ -112,7 +112,7 @@ class Plan:
 
         Raises :class:`~acstudio.errors.CorruptFileError` naming ``source``, the field and the problem.
         """
-        from acstudio.profile.schema import validate_plan
+        from acstudio.plan.validation import validate_plan
 
         doc = validate_plan(d, source)
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -131,7 +131,7 @@ class Plan:
         """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph, every id it names
         exists there and its schedule and predictions are what that profile gives (``context``: the profile's
         plan context, if one is at hand, saves simulating it again)."""
-        from acstudio.profile.schema import check_plan_against, check_plan_derivation
+        from acstudio.plan.validation import check_plan_against, check_plan_derivation
 
         plan = cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
         if profile is not None:

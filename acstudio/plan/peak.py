@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.replay import FORWARD_REGIONS
 from acstudio.simulate.simulator import TIMELINE_CATEGORIES
+from acstudio.units import format_bytes
 
 _WORDS = {"parameter": "parameters and buffers", "gradient": "gradients", "optimizer_state": "optimizer state",
           "recompute_transients": "replay temporaries", "other": "temporaries, batch and workspace"}

@@ -22,12 +22,12 @@ import pandas as pd
 from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken, ProgressFn, check
 from acstudio.plan import baselines
-from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED, Trajectory, run_trajectory
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import Simulator
+from acstudio.units import format_bytes
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from acstudio.capture.step import CapturedStep
 from acstudio.capture.tracer import prepare_optimizer
 from acstudio.errors import DeviceError, OutOfMemoryError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
-from acstudio.plan.budget import format_bytes
 from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
 from acstudio.profile.profiler import resolve_device
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import plan_activations, rewrite_step
+from acstudio.units import format_bytes
 from acstudio.workload import WorkloadSpec, build_workload
 from acstudio.workload.spec import move_batch
 

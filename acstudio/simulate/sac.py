@@ -73,7 +73,7 @@ class SacBlocks:
     """Static SAC facts of a profile: each forward node's block, what it writes and reads, when blocks replay."""
 
     def __init__(self, sim: Simulator) -> None:
-        from acstudio.plan.baselines import repeated_blocks  # the planner imports the simulator
+        from acstudio.profile.blocks import repeated_blocks
 
         self.sim = sim
         profile, rg = sim.profile, sim.replay

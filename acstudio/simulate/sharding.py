@@ -129,7 +129,7 @@ class _Blocks:
     """
 
     def __init__(self, profile: Profile) -> None:
-        from acstudio.plan.baselines import repeated_blocks
+        from acstudio.profile.blocks import repeated_blocks
 
         self.profile = profile
         nodes = profile.nodes

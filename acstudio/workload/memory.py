@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from acstudio.errors import OutOfMemoryError
-from acstudio.plan.budget import format_bytes
+from acstudio.units import format_bytes
 from acstudio.workload.spec import Workload, WorkloadSpec, build_workload
 
 # Tensors of optimizer state per trainable parameter, as torch.optim keeps them.
