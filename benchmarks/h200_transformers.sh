@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | gpt2 | llama | resnet (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
+#   PART: bert | gpt2 | llama | resnet | verify (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
 set -u
@@ -49,8 +49,20 @@ dist)  # about 5 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per
     --configs fsdp,fsdp+per-block,fsdp+sac@fsdp+per-block,ddp,ddp+per-block,ddp+sac@ddp+per-block $steps
   run llama_bs16_single 100 $llama -b 16 --configs eager $steps
   ;;
+verify)  # about 3 min: the plans benchmarked at per-block's and 1.15x per-block's peaks, checked on the GPU
+  for spec in bert_bs16_adam:4603MiB:5293MiB gpt2_bs16_adam:6553MiB:7536MiB llama_bs8_bf16_adamw:5424MiB:6238MiB; do
+    IFS=: read -r name b1 b2 <<<"$spec"
+    for b in $b1 $b2; do
+      python3 -m acstudio plan "sample_profiles/h200_$name.json.gz" --budget "$b" --out "/tmp/plan_${name}_$b.json"
+      timeout 120 python3 -m acstudio verify "sample_profiles/h200_$name.json.gz" --plan "/tmp/plan_${name}_$b.json" \
+        --device cuda --json "/tmp/verify_${name}_$b.json"
+    done
+  done
+  python3 -c 'import json, sys; json.dump({p: json.load(open(p)) for p in sys.argv[2:]}, open(sys.argv[1], "w"), indent=1)' \
+    "$out/verify_h200_transformers.json" /tmp/verify_*.json
+  ;;
 *)
-  echo "unknown part $part (bert, gpt2, llama, resnet, dist)" >&2
+  echo "unknown part $part (bert, gpt2, llama, resnet, verify, dist)" >&2
   exit 2
   ;;
 esac
