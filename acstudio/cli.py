@@ -177,7 +177,7 @@ def cmd_plan(args) -> int:
     if not args.budget:
         raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
-    result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx)
+    result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
     state = "fits" if result.feasible else "INFEASIBLE"
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
@@ -306,12 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_profile)
 
     from acstudio.plan.solvers import SOLVERS
+    from acstudio.simulate.modes import REPLAY_MODES
 
     p = sub.add_parser("plan", help="choose activations to recompute under a memory budget")
     p.add_argument("profile", help="profile file from `acstudio profile`")
     p.add_argument("--budget", help="bytes with a unit (6GiB, 5000MiB) or a percentage of the baseline peak (60%%)")
     p.add_argument("--solver", default="auto", choices=list(SOLVERS),
                    help="default auto: the fastest plan of every solver that fits")
+    p.add_argument("--mode", choices=list(REPLAY_MODES), help="plan for this replay mode: its peak in it fits "
+                   "(sac: how `export --format sac` runs); default: each solver's own modes")
     p.add_argument("--sweep", action="store_true", help="print the memory/time Pareto table of every solver")
     p.add_argument("--all-rows", action="store_true", help="with --sweep: print every row")
     p.add_argument("--out", "-o", help="plan file (.json/.json.gz); with --sweep: CSV of the table")

@@ -50,3 +50,11 @@ def test_errors_are_one_line_with_status_2(tmp_path, capsys):
     # a budget below the floor is an answer (infeasible plan reporting the floor), not a crash
     assert main(["plan", str(SAMPLE), "--budget", "1MiB"]) == 1
     assert "INFEASIBLE" in capsys.readouterr().out
+
+
+def test_plan_for_a_replay_mode(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", str(SAMPLE), "--budget", "95%", "--mode", "sac", "--out", str(plan_path)]) == 0
+    assert "selective checkpointing per block" in capsys.readouterr().out
+    plan = Plan.load(plan_path, profile=Profile.load(SAMPLE))
+    assert plan.replay_mode == "sac" and plan.feasible and plan.recomputed

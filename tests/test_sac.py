@@ -17,6 +17,9 @@ from acstudio.errors import ACStudioError
 from acstudio.export.apply import ModelMismatchError, apply_plan
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
+from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers import KNOWN
+from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.sac import RECOMPUTE, SAVE, cache_memory, sac_blocks, simulate_sac
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
@@ -189,3 +192,29 @@ def test_sac_wrapped_model_compiles_unchanged_and_trains_like_eager():
     torch._dynamo.reset()
     for a, b in zip(train(torch.compile(wrapped, backend="aot_eager"), w), reference, strict=True):
         assert torch.equal(a, b)
+
+
+def test_planning_for_sac_fits_where_repricing_overshoots():
+    """``plan(..., mode="sac")`` fits in SAC's replay mode whenever a known solver's set does, is never slower
+    than auto's plan re-priced in SAC, and predicts what the SAC mode simulates."""
+    _, profile = captured("bert")
+    ctx = PlanContext(profile)
+    overshoots = 0
+    for fraction in (0.8, 0.86, 0.9, 0.95, 1.0):
+        budget = int(ctx.sim.baseline_peak * fraction)
+        target = make_plan(profile, budget, ctx=ctx, mode="sac")
+        assert target.replay_mode == "sac" and target.solver == "auto"
+        sim = simulate_plan(ctx.sim, target.recomputed, "sac")
+        assert (sim.peak_bytes, sim.extra_ms) == (target.predicted_peak_bytes,
+                                                  pytest.approx(target.predicted_extra_ms))
+        auto = make_plan(profile, budget, ctx=ctx)
+        for name, chosen in [("auto", auto)] + [(n, make_plan(profile, budget, n, ctx=ctx)) for n in KNOWN]:
+            repriced = ctx.plan_for_set(name, budget, ctx.sim.indices(chosen.recomputed), mode="sac")
+            if repriced.feasible:
+                assert target.feasible and target.predicted_extra_ms <= repriced.predicted_extra_ms + 1e-9, name
+            elif not target.feasible:
+                assert target.predicted_peak_bytes <= repriced.predicted_peak_bytes, name
+            overshoots += name == "auto" and not repriced.feasible and target.feasible
+    assert overshoots, "some budget should need a lower target than auto's plan"
+    one = make_plan(profile, int(ctx.sim.baseline_peak * 0.9), "blocks", ctx=ctx, mode="sac")
+    assert one.solver == "blocks" and one.replay_mode == "sac"

@@ -322,11 +322,10 @@ def _slug(req: Request) -> str:
 
 
 def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
-    """Profile (cached), plan at the resolved budget, price the plan in SAC's replay mode and export its policy
-    (``--format sac``) into ``plan_dir``; returns the plan's summary for the result row."""
+    """Profile (cached), plan for SAC's replay mode at the resolved budget and export its policy (``--format sac``)
+    into ``plan_dir``; returns the plan's summary for the result row."""
     from acstudio.export import export
     from acstudio.plan import plan as make_plan
-    from acstudio.plan.schedule import PlanContext
     from acstudio.units import parse_budget
 
     local = req.spec if req.dist is None else req.dist.local_spec(req.spec)
@@ -336,14 +335,11 @@ def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
 
         profile = per_rank_profile(profile, req.dist.world, req.dist.kind)
     budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
-    ctx = PlanContext(profile)
-    chosen = make_plan(profile, budget_bytes, ctx=ctx)
-    plan = ctx.plan_for_set(chosen.solver, budget_bytes, [ctx.rg.act_index[a] for a in chosen.recomputed],
-                            mode="sac")
+    plan = make_plan(profile, budget_bytes, mode="sac")
     export(profile, plan, plan_dir, formats=["sac"])
     return {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
             "profile_iteration_ms": profile.iteration_ms, "plan": scalar_fields(plan),
-            "planned_in": chosen.replay_mode, "recomputed_activations": len(plan.recomputed)}
+            "recomputed_activations": len(plan.recomputed)}
 
 
 def prepare(req: Request) -> Prepared:

@@ -8,6 +8,9 @@ profile's simulator and caches what several solvers share (μ-TWO's trajectory).
 one that fits (or, if none fits, the lowest peak): by construction no plan it knows beats it. Each fixed
 baseline is priced in the replay mode its real counterpart runs in (per-module and √n as ``torch.utils.checkpoint``
 on segments: shared chains; recompute-all in whichever mode is faster).
+
+``plan(..., mode=M)`` plans *for* replay mode ``M`` instead (:func:`plan_for_mode`): the solvers still choose in
+their own modes, so their sets are searched over lower target budgets and each is priced in ``M``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from acstudio.plan.model import Plan
 from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED, Trajectory, run_trajectory
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
+from acstudio.simulate.modes import get_mode
 from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
 
@@ -133,13 +137,58 @@ def solve_auto(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = No
     return dataclasses.replace(best, solver="auto", stop_reason=why)
 
 
+# Bisection steps on the target budget per solver in plan_for_mode: the last step is (budget - floor) / 2**8.
+TARGET_SEARCH_STEPS = 8
+
+
+def plan_for_mode(ctx: PlanContext, budget: int, mode: str, solver: str = "auto",
+                  cancel: CancelToken | None = None) -> Plan:
+    """The predicted-fastest plan whose peak *replayed in* ``mode`` fits ``budget`` (or, if none fits, the lowest
+    peak in ``mode``), among the sets ``solver`` (``auto``: every solver it knows) chooses at ``budget`` and at
+    lower target budgets.
+
+    A solver's set is priced in its own mode, and another mode usually holds more (SAC saves or recomputes whole
+    ops), so each solver's target is bisected between the AC floor and ``budget`` for the highest target whose
+    set fits in ``mode``. Sets are priced once each; a solver whose set does not change down to the floor is
+    asked twice only."""
+    get_mode(mode)  # a clear error for an unknown mode before any search
+    priced: dict[tuple[int, ...], Plan] = {}
+
+    def price(name: str, target: int) -> Plan:
+        check(cancel)
+        chosen = SOLVERS[name].solve(ctx, target, cancel=cancel)
+        ks = tuple(ctx.rg.act_index[a] for a in chosen.recomputed)
+        if ks not in priced:
+            priced[ks] = ctx.plan_for_set(name, budget, list(ks), mode=mode)
+        return priced[ks]
+
+    floor = min(ctx.floor_bytes, budget)
+    for name in KNOWN if solver == "auto" else (solver,):
+        top = price(name, budget)
+        if top.feasible:
+            continue  # the largest target fits: the fastest this solver offers
+        bottom = price(name, floor)
+        if bottom is top or not bottom.feasible:
+            continue  # the set does not change, or even the solver's smallest does not fit
+        lo, hi = floor, budget  # the set for lo fits, for hi does not
+        for _ in range(TARGET_SEARCH_STEPS):
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if price(name, mid).feasible else (lo, mid)
+    best = best_of(priced.values())
+    why = f"{best.stop_reason} in {mode} mode ({best.solver}'s plan)" if best.recomputed else best.stop_reason
+    return dataclasses.replace(best, solver=solver, stop_reason=why)
+
+
 def plan(profile: Profile, budget_bytes: int, solver: str = "auto", simulator: Simulator | None = None,
-         cancel: CancelToken | None = None, ctx: PlanContext | None = None) -> Plan:
+         cancel: CancelToken | None = None, ctx: PlanContext | None = None, mode: str | None = None) -> Plan:
     """Plan one budget with ``solver`` (a name in :data:`SOLVERS`); pass ``ctx`` to reuse what earlier calls
-    computed for the same profile."""
+    computed for the same profile. ``mode`` (a replay mode) plans for that mode: the plan's peak in it fits
+    (:func:`plan_for_mode`; ``auto`` searches every solver it knows); without it each solver picks its modes."""
     if solver not in SOLVERS:
         raise ACStudioError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     ctx = ctx or PlanContext(profile, simulator)
+    if mode is not None:
+        return plan_for_mode(ctx, budget_bytes, mode, solver, cancel)
     return SOLVERS[solver].solve(ctx, budget_bytes, cancel=cancel)
 
 
