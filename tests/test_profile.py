@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import tiny_spec
 
+from acstudio.capture.analysis import replay_rules
 from acstudio.errors import Cancelled, DeviceError, ProfileFileError, UnknownModelError
 from acstudio.jobs import CancelToken
 from acstudio.profile.model import CATEGORIES, Profile
@@ -32,12 +33,14 @@ def test_profile_invariants(bert_profile):
         assert p.node_by_id[a.first_bw_use].region == "backward"
         assert idx[a.created_at] <= idx[a.last_fw_use] < idx[a.first_bw_use] <= idx[a.last_bw_use]
         assert a.inactive_time_ms >= 0
-    # dropout masks (written by a random op: native_dropout on GPU, bernoulli_ on CPU) are never recomputable,
-    # and the reason names the random node
-    masks = [a for a in p.activations if "random" in a.reason]
-    assert len(masks) >= 2 and not any(a.recomputable for a in masks)
+    # dropout masks (written by a random op: native_dropout on GPU, bernoulli_ on CPU) are recomputable by default
+    # (replayed with their forward's generator state); under --keep-random they are not, and the reason names
+    # the random node
+    kept = replay_rules(p, keep_random=True).activation
+    masks = [a for a, why in kept.items() if "random" in why]
+    assert len(masks) >= 2 and not any(replay_rules(p).activation[a] for a in masks)
     for a in masks:
-        target = p.node_by_id[a.reason.split(":")[0]].target
+        target = p.node_by_id[kept[a].split(":")[0]].target
         assert "dropout" in target or "bernoulli" in target
     # storage accounting: parameters + gradients + optimizer state are what the model says
     params = build_workload(tiny_spec("bert")).model.parameters()
