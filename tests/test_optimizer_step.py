@@ -9,11 +9,18 @@ import torch
 from test_capture import eager_step
 from test_rewrite import pick, quick_profile
 from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import acstudio
 from acstudio.capture import capture_step
 from acstudio.capture.serialize import deserialize_step, serialize_step
-from acstudio.capture.tracer import SymbolicHyperparameters
+from acstudio.capture.step import group_value, hyper_key
+from acstudio.capture.tracer import (
+    SymbolicHyperparameters,
+    _optimizer_on,
+    hyperparameter_slots,
+    prepare_optimizer,
+)
 from acstudio.cli import build_parser
 from acstudio.errors import ACStudioError
 from acstudio.export import ExportMismatchError, export
@@ -107,27 +114,101 @@ def test_load_step_trains_like_the_eager_loop_under_a_scheduler(tmp_root, optimi
     assert len(rates) >= 3 and CAPTURED_LR not in rates  # the scheduler really moved the lr
 
 
+def scheduled_hyperparameters(optimizer):
+    """Five (lr, beta1 or momentum) settings, as OneCycleLR would move them: never the captured values."""
+    second = "momentum" if isinstance(optimizer, torch.optim.SGD) else "betas"
+    for lr, b1 in ((0.02, 0.95), (0.05, 0.85), (0.01, 0.9), (0.002, 0.93), (0.02, 0.95)):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+            group[second] = b1 if second == "momentum" else (b1, group["betas"][1])
+        yield
+
+
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_the_multi_tensor_update_cuda_runs_follows_the_hyperparameters_too(optimizer):
-    """On CUDA the update is torch.optim's foreach code, Adam/AdamW in its capturable form (traced in compiled
-    mode). Emulated on the CPU: SGD stays bitwise the eager foreach update; Adam's capturable formulas round
-    differently from its eager ones, so they agree to fp32 rounding."""
+def test_the_multi_tensor_update_cuda_runs_is_bitwise_the_eager_one_at_every_setting(optimizer):
+    """On CUDA torch.optim runs its foreach update; the graph traces that same code (not Adam's capturable
+    formulas, which round differently and drift visibly within a few Adam steps), so it stays bitwise."""
     spec = WorkloadSpec(FACTORY, batch_size=4, optimizer=optimizer, lr=CAPTURED_LR)
     w, ref = build_workload(spec), build_workload(spec)
     opt, ref_opt = w.make_optimizer(), ref.make_optimizer()
-    init_state(w.model, opt)  # state made eagerly first: capturable Adam refuses CPU tensors outside tracing
     for group, ref_group in zip(opt.param_groups, ref_opt.param_groups):
         group["foreach"] = ref_group["foreach"] = True
-        if optimizer != "sgd":
-            group["capturable"] = True
+    init_state(w.model, opt)  # the state of a fresh optimizer, as ref_opt's first step makes it
     step = capture_step(w.model, opt, w.batch, w.loss_fn)
-    tol = 0.0 if optimizer == "sgd" else 1e-5
-    for lr in (0.02, 0.01, 0.005):
-        opt.param_groups[0]["lr"] = ref_opt.param_groups[0]["lr"] = lr
+    assert [g["capturable"] for g in step.optimizer.groups] == [False]
+    assert not any("_foreach_pow" in str(n.target) for n in step.gm.graph.nodes)
+    for _ in zip(scheduled_hyperparameters(opt), scheduled_hyperparameters(ref_opt)):
         loss = step.run(w.model, opt, w.batch)
-        torch.testing.assert_close(loss, eager_step(ref.model, ref_opt, ref.batch, ref.loss_fn), rtol=tol, atol=tol)
-        for p, q in zip(w.model.parameters(), ref.model.parameters()):
-            torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+        assert torch.equal(loss, eager_step(ref.model, ref_opt, ref.batch, ref.loss_fn))
+        assert_bitwise_equal(w.model, opt, ref.model, ref_opt)
+
+
+@pytest.mark.parametrize("kind", ["Adam", "AdamW"])
+def test_the_update_traced_with_cuda_parameters_follows_lr_and_betas_bitwise(kind):
+    """torch.optim's update traced as capture_step traces it on a GPU (fake CUDA parameters and moments, the
+    default CPU step counters), then run on the CPU: bitwise the eager foreach update at every setting, and
+    every hyperparameter is a graph input, not a constant."""
+    params = [nn.Parameter(torch.randn(3, 4)), nn.Parameter(torch.randn(4))]
+    opt = getattr(torch.optim, kind)(params, lr=CAPTURED_LR, foreach=True, weight_decay=0.05)
+    ref = [nn.Parameter(p.detach().clone()) for p in params]
+    ref_opt = getattr(torch.optim, kind)(ref, lr=CAPTURED_LR, foreach=True, weight_decay=0.05)
+    init_state(nn.ParameterList(params), opt)
+    init_state(nn.ParameterList(ref), ref_opt)
+    state = [opt.state[p][k] for p in params for k in ("step", "exp_avg", "exp_avg_sq")]
+    slots = hyperparameter_slots(opt)
+    traced = SymbolicHyperparameters()
+
+    def on_cuda(t):
+        with traced.fake_mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu" if t.dim() == 0 else "cuda")
+
+    def update(flat):
+        ps, grads, moments, hyper = flat[:2], flat[2:4], flat[4:10], flat[10:]
+        for p, g in zip(ps, grads):
+            p.grad = g
+        lifted = {p: dict(zip(("step", "exp_avg", "exp_avg_sq"), moments[3 * i:3 * i + 3])) for i, p in enumerate(ps)}
+        with _optimizer_on(opt, ps, lifted, {hyper_key(s.key): v for s, v in zip(slots, hyper)}):
+            opt.step()
+        return ps
+
+    flat = [on_cuda(t) for t in [*params, *params, *state]]
+    flat += [traced.symbol(s.key, group_value(opt.param_groups[0], hyper_key(s.key)[1])) for s in slots]
+    gm = make_fx(update, tracing_mode="fake")(flat)
+    assert not any("_foreach_pow" in str(n.target) for n in gm.graph.nodes)  # not the capturable formulas
+    assert traced.conditions() == [("0/weight_decay", "!=", 0.0), ("0/beta1", ">=", 0.0), ("0/beta2", ">=", 0.0)]
+    for _ in zip(scheduled_hyperparameters(opt), scheduled_hyperparameters(ref_opt)):
+        grads = [torch.randn_like(p) for p in params]
+        with torch.no_grad():
+            gm([p.detach() for p in params] + grads + state
+               + [group_value(opt.param_groups[0], hyper_key(s.key)[1]) for s in slots])
+        for q, g in zip(ref, grads):
+            q.grad = g
+        ref_opt.step()
+        for p, q in zip(params, ref):
+            assert torch.equal(p, q)
+
+
+def test_a_cuda_optimizer_keeps_the_state_layout_it_runs_eagerly():
+    """Preparing a CUDA Adam for capture or load_step leaves it non-capturable with CPU step counters, so the
+    graph is traced from, and fed like, the update the user's optimizer runs (fake CUDA tensors: no GPU here)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = nn.Linear(4, 3, device="cuda")
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        prepare_optimizer(model, opt)
+    assert opt.param_groups[0]["capturable"] is False
+    assert {s["step"].device.type for s in opt.state.values()} == {"cpu"}
+
+
+def test_a_capturable_optimizer_must_match_the_capture(tmp_root):
+    """Capturable formulas are another update (they round differently): refused both ways, in one line."""
+    spec, out = exported("adam", tmp_root)
+    w = build_workload(spec)
+    with pytest.raises(ExportMismatchError, match=r"param group 0 has capturable=True, the step was captured "
+                                                  r"with capturable=False \(another update formula\)") as info:
+        acstudio.load_step(out, w.model, torch.optim.Adam(w.model.parameters(), capturable=True))
+    assert "\n" not in str(info.value)
 
 
 def test_a_different_optimizer_type_or_broken_branch_is_refused_in_one_line(tmp_root):

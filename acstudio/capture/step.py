@@ -69,8 +69,9 @@ def switches(group: dict) -> dict[str, bool]:
 class OptimizerRecord:
     """What a captured step needs from the optimizer that drives it, beyond the hyperparameter values it reads.
 
-    ``groups[g]`` holds the parameters (FQNs) of param group ``g``, its switches and the hyperparameter values at
-    capture (for reports only). ``conditions`` are ``(input key, op, value)`` triples such as
+    ``groups[g]`` holds the parameters (FQNs) of param group ``g``, its switches, whether it was capturable
+    (torch.optim's capturable formulas round differently; absent in exports made before it was recorded) and the
+    hyperparameter values at capture (for reports only). ``conditions`` are ``(input key, op, value)`` triples such as
     ``("0/weight_decay", "==", 0.0)``: the branches torch.optim's code took on hyperparameter values while it
     was traced; other values would need another graph.
     """
@@ -105,6 +106,10 @@ class OptimizerRecord:
                 out.append(f"param group {g} updates {extra[0]}, which the step does not")
             out += [f"param group {g} has {k}={group.get(k)!r}, the step was captured with {k}={v!r}"
                     for k, v in recorded["switches"].items() if group.get(k) != v]
+            if "capturable" in recorded and bool(group.get("capturable")) != recorded["capturable"]:
+                out.append(f"param group {g} has capturable={bool(group.get('capturable'))!r}, the step was "
+                           f"captured with capturable={recorded['capturable']!r} (another update formula); "
+                           "profile again with this optimizer")
         if not out:
             out += self.violated(optimizer)
         return out

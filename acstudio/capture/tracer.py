@@ -17,10 +17,13 @@ passing them outside the graph would leave the exported module unable to run by 
 takes on a value (``if weight_decay != 0``) becomes a ShapeEnv guard, recorded as a condition that
 ``load_step`` checks at every call.
 
-Non-capturable groups (the CPU) run torch.optim's eager code, ``.item()`` of the step counter included (an
-unbacked float in the graph). Capturable groups (CUDA Adam/AdamW) keep running with
-``torch.compiler.is_compiling()`` patched to True, the formulas the H200 measurements were made with: step
-counters stay device tensors, so the step never waits for the host.
+The update traced is the one the optimizer runs eagerly, on every device: torch.optim's default
+(non-capturable) code, ``.item()`` of its CPU step counter included (an unbacked float in the graph, no device
+sync), so a CUDA step is bitwise the eager ``optimizer.step()`` too. Capturable formulas round differently
+(``beta1 ** step`` and ``lr / bias_correction`` in fp32 on the device), and Adam turns that rounding into
+visible training differences within a few steps, so they are traced only for groups the user made capturable
+(then with ``torch.compiler.is_compiling()`` patched to True, as torch.compile does); whether a group was
+capturable is recorded and must match at ``load_step``.
 """
 
 from __future__ import annotations
@@ -75,12 +78,10 @@ def materialize_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.O
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:
-    """Switch CUDA Adam/AdamW-style groups to ``capturable=True`` with their step counters on the GPU.
+    """Switch CUDA groups to ``capturable=True`` with their step counters on the GPU.
 
-    The default (non-capturable) multi-tensor Adam keeps step counters as CPU scalars and feeds them to
-    ``_foreach_addcdiv_`` as a CPU scalar list, which fake-tensor tracing cannot propagate ("Expected scalars
-    to be on CPU, got meta"). The capturable formulas are the same update written with device tensors; results
-    agree to fp32 rounding. The change is made on the optimizer itself, so the graph's inputs match it.
+    Only for exports made before the capturable flag was recorded: their CUDA Adam/AdamW graphs were traced with
+    the capturable formulas and read device step counters.
     """
     for group in optimizer.param_groups:
         if group.get("capturable", True) or not any(p.is_cuda for p in group["params"]):
@@ -93,13 +94,12 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> None:
 
 
 def prepare_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Give a live optimizer the state layout a captured graph reads: state created, CUDA Adam capturable.
+    """Give a live optimizer the state a captured graph reads (created by its own code, as eagerly).
 
     :func:`capture_step` does this before tracing; anything that feeds a captured (or rewritten, or exported)
     graph from another optimizer instance must do the same.
     """
     materialize_optimizer_state(model, optimizer)
-    make_capturable(optimizer)
 
 
 def resolve_foreach(optimizer: torch.optim.Optimizer) -> None:
@@ -245,6 +245,7 @@ def optimizer_record(optimizer: torch.optim.Optimizer, fqn_of: dict[int, str],
                      conditions: list[tuple[str, str, float]]) -> OptimizerRecord:
     kind = type(optimizer).__name__
     groups = [{"params": [fqn_of[id(p)] for p in g["params"]], "switches": switches(g),
+               "capturable": bool(g.get("capturable", False)),
                "hyperparameters": {name: group_value(g, name) for name in HYPERPARAMETERS[kind]}}
               for g in optimizer.param_groups]
     return OptimizerRecord(type=kind, groups=groups, conditions=conditions)
@@ -288,7 +289,7 @@ def capture_step(
     device_type = next(iter(params.values())).device.type if params else "cpu"
     recorder = _PhaseRecorder(model)
     n_params, n_buffers, n_hyper = len(params), len(buffers), len(hyper_slots)
-    # Capturable groups keep torch.optim's compiled-mode formulas (see the module docstring).
+    # Groups the user made capturable keep torch.optim's compiled-mode formulas (see the module docstring).
     compiling = (mock.patch("torch.compiler.is_compiling", lambda: True)
                  if any(g.get("capturable") for g in optimizer.param_groups) else contextlib.nullcontext())
 

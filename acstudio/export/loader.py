@@ -24,7 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord
-from acstudio.capture.tracer import prepare_optimizer
+from acstudio.capture.tracer import make_capturable, prepare_optimizer
 from acstudio.errors import ACStudioError
 from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
 from acstudio.fileio import read_document
@@ -73,6 +73,8 @@ def load_step(directory: str | os.PathLike, model: torch.nn.Module, optimizer: t
     check_model(manifest, model)
     check_optimizer(manifest, model, optimizer)
     init_state(model, optimizer)
+    if traced_capturable_on_cuda(manifest):
+        make_capturable(optimizer)
     check_state(manifest, model, optimizer)
     return LoadedStep(directory, manifest, model, optimizer)
 
@@ -135,6 +137,14 @@ def _baked_in_problems(manifest: dict, optimizer: torch.optim.Optimizer) -> list
             if got != v:
                 problems.append(f"param group {g} has {k}={got!r}, the step was captured with {k}={v!r}")
     return problems
+
+
+def traced_capturable_on_cuda(manifest: dict) -> bool:
+    """Exports made on CUDA before the capturable flag was recorded traced Adam/AdamW's capturable update, which
+    reads step counters on the GPU: the live optimizer is switched to it, as then."""
+    groups = manifest["optimizer"].get("groups") or [{}]
+    return (manifest["device"] == "cuda" and manifest["optimizer"]["type"] in ("Adam", "AdamW")
+            and any("capturable" not in g for g in groups))
 
 
 def check_optimizer(manifest: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -56,7 +56,7 @@ def write(job: ExportJob, directory: Path) -> list[str]:
     without_device_index(new.gm)
     source = module_source(new.gm, profile)
     compile(source, str(directory / MODULE), "exec")
-    # Saved on the CPU; Step(device) loads them onto the model's device.
+    # Saved on the CPU; Step(device) moves those the graph made on the device onto the model's device.
     constants = {n.target: getattr(new.gm, n.target).cpu() for n in new.gm.graph.nodes if n.op == "get_attr"}
     (directory / MODULE).write_text(source, encoding="utf-8")
     names = [MODULE]
@@ -120,6 +120,12 @@ def without_device_index(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+def cpu_constants(gm: fx.GraphModule) -> tuple[str, ...]:
+    """Graph constants that were on the CPU at capture, whatever the step's device."""
+    return tuple(sorted(n.target for n in gm.graph.nodes
+                        if n.op == "get_attr" and getattr(gm, n.target).device.type == "cpu"))
+
+
 def module_source(gm: fx.GraphModule, profile: Profile) -> str:
     """The graph's generated Python as a module that needs only torch: ``Step()(*flat_inputs)``."""
     code = gm.graph.python_code(root_module="self")
@@ -160,8 +166,9 @@ class Step(torch.nn.Module):
         super().__init__()
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "{CONSTANTS}")
         if os.path.exists(path):  # tensors the traced code created from Python constants
-            for name, value in torch.load(path, weights_only=True, map_location=device).items():
-                setattr(self, name, value)
+            for name, value in torch.load(path, weights_only=True).items():
+                # CPU constants stay there (e.g. torch.optim's increment of its CPU step counters)
+                setattr(self, name, value if name in {cpu_constants(gm)!r} else value.to(device))
 
 {body}
 '''
