@@ -17,6 +17,7 @@ from acstudio.capture.tracer import prepare_optimizer
 from acstudio.export import ExportError, ExportMismatchError, export, step_module
 from acstudio.plan import plan as make_plan
 from acstudio.rewrite import rewrite_step
+from acstudio.units import format_bytes
 from acstudio.workload import build_workload
 
 
@@ -70,6 +71,8 @@ def test_files_manifest_and_report(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"{plan.predicted_peak_bytes:,}" in report
     assert all(f"`{a}`" in report for a in plan.recomputed)
+    assert f"What sets it: peak {format_bytes(plan.predicted_peak_bytes)} at {plan.predicted_peak_node}" in report
+    assert "the floor is " in report
 
     ids = pick(profile, 0.25)  # a bare list of ids gets the rewriter's own schedule
     export(profile, ids, tmp_path / "ids")

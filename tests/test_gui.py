@@ -26,6 +26,7 @@ from acstudio.gui.session import prepare
 from acstudio.jobs import check
 from acstudio.plan.model import Plan
 from acstudio.profile.model import REGIONS, Profile
+from acstudio.units import format_bytes
 from acstudio.views import graph_layout as gl
 from acstudio.workload import WorkloadSpec
 
@@ -705,3 +706,13 @@ def test_slider_answer_is_replaced_by_a_faster_shared_chain_plan(qtbot, window):
     assert state.plan.predicted_peak_bytes <= 4811 * 2**20
     assert state.sim.peak_bytes == state.plan.predicted_peak_bytes
     assert "shared-chain" in window.budget.status_label.text()
+
+
+def test_inspector_says_what_sets_the_floor_and_the_plan_peak(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    window.session.select("")
+    qtbot.waitUntil(lambda: window.session.state is not None and window.session.state.complete, timeout=30_000)
+    window._on_plan(window.session.state)
+    text = window.inspector.toPlainText()
+    assert "The floor is " in text and "checkpointing cannot go below it" in text
+    assert f"This plan: peak {format_bytes(window.session.state.plan.predicted_peak_bytes)}" in text

@@ -24,11 +24,14 @@ from acstudio.capture.step import IMPLEMENTATION_FLAGS, CapturedStep
 from acstudio.export.formats import ExportError, ExportFormat, ExportJob, register_format
 from acstudio.fileio import write_document
 from acstudio.plan.model import Plan
+from acstudio.plan.peak import explain_peak, floor_sentence
+from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import RewrittenStep, rewrite_step
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.sac import SAC_MODE
+from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
 from acstudio.workload import WorkloadSpec, build_workload
 from acstudio.workload.spec import make_optimizer
@@ -213,6 +216,11 @@ def report_text(profile: Profile, plan, step, rewritten: RewrittenStep) -> str:
         "",
         "Storage accounting counts the tensors FX's generated code keeps alive (no allocator overhead); "
         "`acstudio verify --device cuda` measures the real peak.",
+    ]
+    if isinstance(plan, Plan):
+        ctx = PlanContext(profile, Simulator(profile, keep_random=plan.keep_random))
+        lines += ["", f"What sets it: {explain_peak(ctx, plan).summary()}. In a word: {floor_sentence(ctx)}."]
+    lines += [
         "",
         "## Extra time",
         "",

@@ -6,6 +6,7 @@ user can cause ends in :class:`~acstudio.gui.dialogs.Messages` and leaves what i
 
 from __future__ import annotations
 
+import html
 import os
 import time
 from datetime import datetime
@@ -43,6 +44,7 @@ from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.gui.session import Loaded, PlanState, Session, open_document, prepare
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.model import Plan
+from acstudio.plan.peak import explain_peak
 from acstudio.plan.solvers import SOLVERS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
@@ -399,6 +401,8 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(0, self._size_table_columns)
         if self.session.selected:
             self.inspector.setHtml(self._node_html(self.session.selected))
+        elif state.complete:
+            self.inspector.setHtml(self._profile_html(loaded))
         self._update_actions()
 
     def _restore_timeline(self, *_args) -> None:
@@ -450,7 +454,15 @@ class MainWindow(QMainWindow):
                 f"{env.get('torch', '?')}</p><p>measured peak {format_bytes(p.peak_bytes)} at {p.peak_node}<br>"
                 f"checkpointing floor {format_bytes(self.session.floor_bytes)}</p>"
                 f"<table><tr><th align=left>at the peak</th><th></th></tr>{cats}</table>"
+                f"<p>{html.escape(loaded.floor_note[:1].upper() + loaded.floor_note[1:])}.</p>{self._plan_peak_html()}"
                 "<p>Click a node in the graph, the timeline or the table.</p>")
+
+    def _plan_peak_html(self) -> str:
+        """What sets the current plan's peak (once its timeline is simulated)."""
+        state, loaded = self.session.state, self.session.loaded
+        if state is None or not state.complete:
+            return ""
+        return f"<p><b>This plan:</b> {html.escape(explain_peak(loaded.ctx, state.plan, state.sim).summary())}</p>"
 
     def _node_html(self, node_id: str) -> str:
         loaded = self.session.loaded

@@ -25,6 +25,7 @@ from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
 from acstudio.plan.mutwo import Trajectory
+from acstudio.plan.peak import floor_sentence
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import SOLVERS, trajectory
 from acstudio.profile.model import Profile
@@ -55,6 +56,7 @@ class Loaded:
     profile: Profile
     simulator: Simulator
     ctx: PlanContext  # caches what the solvers share for this profile
+    floor_note: str  # what sets the AC floor, in a sentence
     trajectory: Trajectory
     tree: ModuleTree
     baseline: SimResult
@@ -88,12 +90,13 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     traj = trajectory(ctx, progress=progress, cancel=cancel)
     report(progress, 2, 3, "grouping the graph")
     template = traj.plan_for_budget(simulator.baseline_peak)
+    floor_note = floor_sentence(ctx)
     tree = ModuleTree(profile)
     # the graph's first picture is made here, off the GUI thread, so it is drawn the moment the file opens
     first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS])
     report(progress, 3, 3, "ready")
-    return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, trajectory=traj, tree=tree,
-                  baseline=baseline, template=template, table=activation_table(profile),
+    return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, floor_note=floor_note, trajectory=traj,
+                  tree=tree, baseline=baseline, template=template, table=activation_table(profile),
                   acts=ActivationIndex.of(profile), first_graph=first_graph)
 
 

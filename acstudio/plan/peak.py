@@ -15,7 +15,7 @@ from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.replay import FORWARD_REGIONS
-from acstudio.simulate.simulator import TIMELINE_CATEGORIES
+from acstudio.simulate.simulator import TIMELINE_CATEGORIES, SimResult
 from acstudio.units import format_bytes
 
 _WORDS = {"parameter": "parameters and buffers", "gradient": "gradients", "optimizer_state": "optimizer state",
@@ -48,10 +48,11 @@ class PeakReport:
         return f"peak {format_bytes(self.total)} at {self.node} in {self.where}: {acts}; {fixed}"
 
 
-def explain_peak(ctx: PlanContext, plan: Plan) -> PeakReport:
-    """Split ``plan``'s predicted peak at its peak node (simulated in the plan's replay mode)."""
+def explain_peak(ctx: PlanContext, plan: Plan, result: SimResult | None = None) -> PeakReport:
+    """Split ``plan``'s predicted peak at its peak node; ``result``: the plan already simulated in its replay mode
+    (simulated here if not given)."""
     sim, rg, profile = ctx.sim, ctx.rg, ctx.profile
-    result = simulate_plan(sim, plan.recomputed, plan.replay_mode)
+    result = result or simulate_plan(sim, plan.recomputed, plan.replay_mode)
     pos = profile.node_index[result.peak_node]
     row = dict(zip(TIMELINE_CATEGORIES, result.timeline[pos].tolist()))
     recomputed = np.zeros(len(rg.bytes), dtype=bool)
