@@ -1,8 +1,9 @@
-"""How fast the planner answers: simulator setup, the full μ-TWO trajectory, and budget lookups.
+"""How fast the planner answers: simulator setup, the full μ-TWO trajectory, budget lookups, and ``auto``.
 
 Usage: python benchmarks/planner_speed.py PROFILE [--lookups N]
 
-Targets (ResNet-152 bs64 profile, 2-core CPU): trajectory <= 0.5 s, ``plan_for_budget`` <= 5 ms.
+Targets (2-core CPU): ResNet-152 bs64 trajectory <= 0.5 s, ``plan_for_budget`` <= 5 ms; BERT bs16 the whole
+``auto`` curve (the Pareto front of every solver) <= 1 s.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 import numpy as np
 
 from acstudio.plan.mutwo import mutwo_trajectory
+from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers import plan, sweep
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
@@ -64,6 +67,15 @@ def main() -> None:
           f"max {max(again) * 1e3:.2f} ms)")
     _, t_sim_full, _ = timed(lambda: sim.simulate(traj.plan_for_budget((lo + hi) // 2).recomputed))
     print(f"simulate (timeline)  {t_sim_full * 1e3:8.1f} ms   for the mid-budget plan")
+
+    front, t_front, c_front = timed(lambda: sweep(profile, ["auto"]))
+    print(f"auto curve           {t_front * 1e3:8.1f} ms   (CPU {c_front * 1e3:.1f} ms; {len(front)} points on a fresh "
+          "context: trajectory, block search, baselines)")
+    ctx = PlanContext(profile)
+    sweep(profile, ["auto"], ctx=ctx)
+    auto = [timed(lambda b=b: plan(profile, int(b), ctx=ctx))[1] for b in budgets[:8]]
+    print(f"auto plan            {statistics.median(auto) * 1e3:8.1f} ms   median over 8 budgets (what the slider "
+          "refines to in the background)")
 
 
 if __name__ == "__main__":
