@@ -178,6 +178,12 @@ def cmd_plan(args) -> int:
         raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
     result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
+    written = []  # files first, so that a reader closing stdout early (`| head`) costs no file
+    if args.out:
+        result.save(args.out)
+        written.append(f"saved {args.out}")
+    if args.schedule:
+        written += [f"wrote {path}" for path in result.export_schedule(args.schedule)]
     state = "fits" if result.feasible else "INFEASIBLE"
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
@@ -187,12 +193,8 @@ def cmd_plan(args) -> int:
     print(explain_peak(ctx, result).summary())
     if not result.feasible:
         print(floor_sentence(ctx))
-    if args.out:
-        result.save(args.out)
-        print(f"saved {args.out}")
-    if args.schedule:
-        for path in result.export_schedule(args.schedule):
-            print(f"wrote {path}")
+    for line in written:
+        print(line)
     return 0 if result.feasible else 1
 
 
