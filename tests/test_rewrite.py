@@ -241,13 +241,18 @@ class FusedDropoutNet(torch.nn.Module):
         return self.c(h)
 
 
-def test_dropout_is_replayed_from_its_kept_mask_with_keep_random():
+def fused_dropout_step():
+    """(model, optimizer, batch, captured step, profile) of :class:`FusedDropoutNet`, seeded."""
     torch.manual_seed(0)
     model = FusedDropoutNet()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
     step = capture_step(model, opt, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
-    profile = quick_profile(tiny_spec("resnet18"), step)
+    return model, opt, batch, step, quick_profile(tiny_spec("resnet18"), step)
+
+
+def test_dropout_is_replayed_from_its_kept_mask_with_keep_random():
+    model, opt, batch, step, profile = fused_dropout_step()
     kept = replay_rules(profile, keep_random=True).activation
     new = rewrite_step(step, profile, [a.id for a in profile.activations if not kept[a.id]], keep_random=True)
     replayed = [n for n in new.gm.graph.nodes if n.meta.get("ac_role") == "recompute"]

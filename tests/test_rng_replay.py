@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import TINY_BERT, tiny_spec
 from test_capture import eager_step
-from test_rewrite import FusedDropoutNet, captured, check_accounting, quick_profile, run_from
+from test_rewrite import captured, check_accounting, fused_dropout_step, quick_profile, run_from
 
 import acstudio
 from acstudio.capture import capture_step
@@ -82,12 +82,7 @@ def test_saved_states_live_from_forward_to_the_last_replay():
 def test_native_dropout_is_replayed_with_its_generator_state():
     """CUDA's fused dropout: by default its output and mask are both recomputed by drawing again from the saved
     state; with ``keep_random`` the mask is kept (see test_rewrite)."""
-    torch.manual_seed(0)
-    model = FusedDropoutNet()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
-    step = capture_step(model, opt, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
-    profile = quick_profile(tiny_spec("resnet18"), step)
+    model, opt, batch, step, profile = fused_dropout_step()
     rules = replay_rules(profile)
     chosen = [a.id for a in profile.activations if not rules.activation[a.id]]
     masks = [a for a in chosen if a != profile.activation_by_id[a].created_at
