@@ -4,6 +4,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
 import torch
+from transformers.utils import logging as hf_logging
+
+# transformers' own stderr handler keeps the stream it first saw, which may be an earlier test's closed capsys
+# buffer ("--- Logging error ---"); let its records go through the root logger that pytest manages instead.
+hf_logging.disable_default_handler()
+hf_logging.enable_propagation()
 
 # Tiny configurations of the three kinds of model the issues name: CNN with BatchNorm, encoder with dropout
 # and an attention mask, decoder LM with tied weights.

@@ -30,6 +30,9 @@ from acstudio.units import format_bytes
 from acstudio.views import graph_layout as gl
 from acstudio.workload import WorkloadSpec
 
+# Background work shares 2 cores with the test itself on CI, so no wait may rely on pytest-qt's 5 s default.
+WAIT_MS = 60_000
+
 make_singletons_immortal()  # PySide6 drops references to None/True on Python 3.11 (see acstudio.gui.qtcompat)
 
 # A small CNN whose activations outweigh its parameters, so checkpointing has something to do.
@@ -108,7 +111,8 @@ def wait_plan(qtbot, w, timeout=30_000):
 
 def slide_to_floor(qtbot, w):
     w.budget.slider.setValue(0)
-    qtbot.waitUntil(lambda: w.session.state.plan.budget_bytes == w.session.floor_bytes and w.session.state.complete)
+    qtbot.waitUntil(lambda: w.session.state.plan.budget_bytes == w.session.floor_bytes and w.session.state.complete,
+                    timeout=WAIT_MS)
 
 
 def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
@@ -140,7 +144,7 @@ def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
     assert box.pen().width() == 3
     # a click opens it in place: its 36 blocks inside its frame, which sits where the box was
     graph.canvas.clicked.emit("g:forward/layer3")
-    qtbot.waitUntil(lambda: "forward/layer3" in graph.expanded and not graph.runner.busy)
+    qtbot.waitUntil(lambda: "forward/layer3" in graph.expanded and not graph.runner.busy, timeout=WAIT_MS)
     assert sum(it.key.startswith("forward/layer3/") for it in graph.view.items) == 36
     frame = graph._frames["forward/layer3"].rect()
     assert viewport.contains(graph.canvas.mapFromScene(frame.topLeft()))
@@ -153,7 +157,7 @@ def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
     # the backward pass mirrors it, coloured by the activations its modules use
     graph.direction.setCurrentText("backward")
     qtbot.waitUntil(lambda: graph.regions == ("loss", "backward", "optimizer") and not graph.runner.busy
-                    and graph.view.items[0].region in graph.regions)
+                    and graph.view.items[0].region in graph.regions, timeout=WAIT_MS)
     assert "backward/layer3" in {it.key for it in graph.view.items}
 
 
@@ -175,7 +179,8 @@ def test_slider_changes_plan_timeline_graph_and_table(qtbot, window, tiny_profil
     assert session.floor_bytes < session.baseline_bytes, "the test model must leave room for checkpointing"
 
     window.budget.slider.setValue(window.budget.slider.maximum())
-    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == session.baseline_bytes and session.state.complete)
+    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == session.baseline_bytes and session.state.complete,
+                    timeout=WAIT_MS)
     # no checkpointing: the simulated timeline is the measured one and nothing is recomputed
     total = window.timeline.stacked_total()
     np.testing.assert_allclose(total, [n.mem_peak for n in profile.nodes], rtol=1e-9)
@@ -183,7 +188,8 @@ def test_slider_changes_plan_timeline_graph_and_table(qtbot, window, tiny_profil
     keep_colour = {it.key: window.graph.box_colour(it.key).name() for it in window.graph.view.items}
 
     window.budget.slider.setValue(0)  # down to the floor
-    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == session.floor_bytes and session.state.complete)
+    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == session.floor_bytes and session.state.complete,
+                    timeout=WAIT_MS)
     state = session.state
     assert state.plan.recomputed and state.plan.feasible
     assert state.plan.predicted_peak_bytes == state.sim.peak_bytes
@@ -209,7 +215,7 @@ def test_budget_line_drag_moves_slider_and_plans_for_the_exact_bytes(qtbot, wind
     target = (session.floor_bytes * 3 + session.baseline_bytes) // 4 + 12345  # between two slider steps
     window.timeline.budget_line.setValue(target / 2**30)  # what a drag does
     exact = round(target / 2**30 * 2**30)
-    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == exact)
+    qtbot.waitUntil(lambda: session.state.plan.budget_bytes == exact, timeout=WAIT_MS)
     # no snapping to the slider's steps: the plan, the panel and the line keep the dragged budget
     assert window.budget.budget_bytes() == exact
     assert window.timeline.budget_line.value() == pytest.approx(target / 2**30, abs=1e-12)
@@ -220,14 +226,16 @@ def test_budget_line_drag_moves_slider_and_plans_for_the_exact_bytes(qtbot, wind
 def test_solver_choice_plans_in_background(qtbot, window, tiny_profile_path):
     open_and_wait(qtbot, window, tiny_profile_path)
     window.budget.solver.setCurrentText("recompute-all")
-    qtbot.waitUntil(lambda: window.session.state.plan.solver == "recompute-all" and window.session.state.complete)
+    qtbot.waitUntil(lambda: window.session.state.plan.solver == "recompute-all" and window.session.state.complete,
+                    timeout=WAIT_MS)
     state = window.session.state
     candidates = len(window.session.loaded.profile.activations) - len(window.session.loaded.template.excluded)
     assert len(state.plan.recomputed) == candidates
     qtbot.waitUntil(lambda: "recompute-all" in window.budget.others, timeout=30_000)
     # per-module checkpointing runs with shared-chain replays; its timeline is simulated the same way
     window.budget.solver.setCurrentText("per-module")
-    qtbot.waitUntil(lambda: window.session.state.plan.solver == "per-module" and window.session.state.complete)
+    qtbot.waitUntil(lambda: window.session.state.plan.solver == "per-module" and window.session.state.complete,
+                    timeout=WAIT_MS)
     state = window.session.state
     assert state.plan.replay_mode == "shared"
     assert state.sim.peak_bytes == state.plan.predicted_peak_bytes
@@ -238,7 +246,7 @@ def test_selection_is_shared_by_timeline_graph_and_table(qtbot, window, tiny_pro
     profile = window.session.loaded.profile
     act = max(profile.activations, key=lambda a: a.bytes)
     window.timeline.nodeClicked.emit(act.created_at)
-    qtbot.waitUntil(lambda: not window.graph.runner.busy)
+    qtbot.waitUntil(lambda: not window.graph.runner.busy, timeout=WAIT_MS)
     # the graph reveals the node itself (expanding its groups), the table selects its activation
     view = window.graph.view
     item = view.items[view.node_item[profile.node_index[act.created_at]]]
@@ -303,9 +311,11 @@ def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile
     assert loaded.recomputed == saved.recomputed and loaded.predicted_peak_bytes == saved.predicted_peak_bytes
     # back to the top, then open the plan file: the window shows that plan again
     window.budget.slider.setValue(window.budget.slider.maximum())
-    qtbot.waitUntil(lambda: window.session.state.plan.recomputed == [] and window.session.state.complete)
+    qtbot.waitUntil(lambda: window.session.state.plan.recomputed == [] and window.session.state.complete,
+                    timeout=WAIT_MS)
     window.open_path(str(path))
-    qtbot.waitUntil(lambda: window.session.state.plan.recomputed == saved.recomputed and window.session.state.complete)
+    qtbot.waitUntil(lambda: window.session.state.plan.recomputed == saved.recomputed and window.session.state.complete,
+                    timeout=WAIT_MS)
     assert window.budget.budget_bytes() == pytest.approx(saved.budget_bytes, abs=window.session.baseline_bytes / 500)
     assert str(path) in window._recent()
 
@@ -369,7 +379,7 @@ def test_bad_files_show_an_error_and_keep_what_is_loaded(qtbot, window, tiny_pro
     assert window.session.loaded is before
     if before is not None:  # still usable: the slider still plans
         window.budget.slider.setValue(0)
-        qtbot.waitUntil(lambda: window.session.state.plan.budget_bytes == window.session.floor_bytes)
+        qtbot.waitUntil(lambda: window.session.state.plan.budget_bytes == window.session.floor_bytes, timeout=WAIT_MS)
 
 
 def test_new_profile_runs_in_background_stays_responsive_and_opens(qtbot, window, factory_ref):
@@ -415,7 +425,7 @@ def test_profiling_can_be_cancelled_without_losing_the_open_profile(qtbot, windo
     assert window.timeline._profile is before.profile  # the live curve gave way to the open profile again
     assert "cancelled" in window.status_label.text()
     assert not window.messages.errors
-    qtbot.waitUntil(lambda: not window.progress.isVisible())
+    qtbot.waitUntil(lambda: not window.progress.isVisible(), timeout=WAIT_MS)
 
 
 def test_closing_while_profiling_cancels_and_joins_the_worker(qtbot, window, factory_ref):
@@ -522,10 +532,10 @@ def test_job_runner_reports_errors_as_signals(qtbot):
     from acstudio.errors import ProfileFileError
 
     runner = JobRunner("test")
-    with qtbot.waitSignal(runner.failed) as blocker:
+    with qtbot.waitSignal(runner.failed, timeout=WAIT_MS) as blocker:
         runner.submit(lambda progress, cancel: (_ for _ in ()).throw(ProfileFileError("x: corrupt profile")))
     assert blocker.args == ["x: corrupt profile", ""]
-    with qtbot.waitSignal(runner.failed) as blocker:
+    with qtbot.waitSignal(runner.failed, timeout=WAIT_MS) as blocker:
         runner.submit(lambda progress, cancel: 1 / 0)
     assert blocker.args[0].startswith("ZeroDivisionError") and "Traceback" in blocker.args[1]
     assert runner.shutdown(5000)
