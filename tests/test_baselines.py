@@ -163,7 +163,7 @@ def test_milp_answers_past_200_candidates():
     traj = mutwo_trajectory(p, ctx.sim)
     peaks = sorted({s.predicted_peak_bytes for s in traj.steps[1:]})
     start = time.perf_counter()
-    table = sweep(p, ["milp", "milp-bound"], ctx=ctx, milp_points=2)
+    table = sweep(p, ["milp", "milp-bound"], ctx=ctx, milp_points=2, milp_time_s=1)
     assert time.perf_counter() - start < 10
     exact = table[table.solver == "milp"]
     assert list(exact.budget_bytes) == [peaks[-1], peaks[0]]  # the top and the floor of μ-TWO's curve
@@ -176,7 +176,7 @@ def test_milp_answers_past_200_candidates():
     assert "every plan that fits needs at least" in bound.note.iloc[-1]
 
 
-def test_sweep_reports_the_gaps():
+def test_sweep_reports_the_gaps(monkeypatch):
     p = random_profile(5, n_forward=12)
     table = sweep(p, milp_points=3)
     assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp",
@@ -187,3 +187,6 @@ def test_sweep_reports_the_gaps():
     assert exact.optimal.all() and (exact.gap >= -1e-9).all()
     assert exact.gap.to_numpy() == pytest.approx((exact.mutwo_extra_ms / exact.extra_ms - 1).to_numpy())
     assert (table[table.solver == "milp-bound"].gap_bound >= -1e-9).all()
+    monkeypatch.setattr("acstudio.plan.solvers.SWEEP_MILP_MAX_CANDIDATES", 1)
+    notes = sweep(p, ["milp", "milp-bound"]).note
+    assert len(notes) == 2 and all(n.startswith("skipped:") and "--solver milp" in n for n in notes)

@@ -45,7 +45,9 @@ default "recompute" reads today's files unchanged.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -53,6 +55,7 @@ from scipy.sparse import coo_matrix
 
 from acstudio.jobs import CancelToken, check
 from acstudio.plan.schedule import PlanContext
+from acstudio.simulate.modes import get_mode
 
 REL_GAP = 1e-6  # HiGHS's relative MIP gap: "optimal" means within this of the program's optimum
 POINT_CUTS_PER_ROUND = 8  # over-budget points (of each kind) cut per round, the worst first
@@ -131,20 +134,40 @@ def _relaxed_rows(ctx: PlanContext, budget: int, prog: _Program, col: dict[int, 
     return None
 
 
-class _AgainProgram:
-    """The program of :func:`exact_recompute_set` and its memory cuts."""
+class _LazyProgram:
+    """A program over ``x[k]`` whose memory rows are added where a solution is over budget (:func:`_solve_lazily`).
+    Subclasses add their columns and rows, and :meth:`cuts`."""
 
     def __init__(self, ctx: PlanContext, budget: int) -> None:
         self.ctx, self.budget = ctx, budget
-        rg = ctx.rg
-        self.cands = rg.candidates
+        self.cands = ctx.rg.candidates
         self.col = {k: j for j, k in enumerate(self.cands)}
         self.prog = _Program(len(self.cands))
+        self.mem_peak = np.array([nd.mem_peak for nd in ctx.profile.nodes], dtype=np.int64)
+        self.cut_nodes: set[int] = set()
+
+    def cuts(self, chosen: list[int]) -> list[Callable[[], None]] | None:
+        """``None`` if ``chosen`` fits once simulated, else the memory cuts not added yet at its over-budget points,
+        worst first (each adds its rows when called; empty when every such point is cut already)."""
+        raise NotImplementedError
+
+    def no_good(self, chosen: list[int]) -> None:
+        """Cut off exactly this set."""
+        inside = set(chosen)
+        self.prog.row([self.col[k] for k in self.cands], [-1.0 if k in inside else 1.0 for k in self.cands],
+                      1.0 - len(inside))
+
+
+class _AgainProgram(_LazyProgram):
+    """The program of :func:`exact_recompute_set` and its memory cuts."""
+
+    def __init__(self, ctx: PlanContext, budget: int) -> None:
+        super().__init__(ctx, budget)
+        rg = ctx.rg
         self.chain: dict[int, dict[int, int]] = {}  # a -> candidate s -> column of y[a, s] (x[a] for s = a)
         for a in self.cands:
             self._add_chain(a)
         self.q: dict[tuple[int, int], int] = {}
-        self.cut_nodes: set[int] = set()
         self.cut_replays: set[int] = set()
         # Per activation s: recomputations a that may read it as a retained source after its last use, with the
         # chain members p whose stops include it ((a, [p ...]); p = a for its own chain).
@@ -160,7 +183,6 @@ class _AgainProgram:
             for s, ps in via.items():
                 self.readers.setdefault(s, []).append((a, ps))
         sim = ctx.sim
-        self.mem_peak = np.array([nd.mem_peak for nd in ctx.profile.nodes], dtype=np.int64)
         none = np.zeros(len(rg.bytes), dtype=bool)
         _, self.acts_between0 = sim.activation_memory(none, np.full(len(rg.bytes), -1, dtype=np.int64))
 
@@ -267,13 +289,8 @@ class _AgainProgram:
         big_m = max(0.0, most - 1.0)
         prog.row([*cols, self.col[a]], [*scaled, big_m], upper=1.0 - const / B + big_m)
 
-    def no_good(self, chosen: list[int]) -> None:
-        inside = set(chosen)
-        self.prog.row([self.col[k] for k in self.cands], [-1.0 if k in inside else 1.0 for k in self.cands],
-                      1.0 - len(inside))
-
-    def over_budget(self, chosen: list[int]) -> tuple[list[int], list[int]]:
-        """Over-budget nodes and replays (by the recomputed activation) of ``chosen``, worst first."""
+    def cuts(self, chosen: list[int]) -> list[Callable[[], None]] | None:
+        """Cuts at the over-budget nodes and replays (by the recomputed activation) of ``chosen``."""
         rg, sim = self.ctx.rg, self.ctx.sim
         _, keep_until, transient = sim.schedule_facts(chosen)
         mask = np.zeros(len(rg.bytes), dtype=bool)
@@ -288,7 +305,49 @@ class _AgainProgram:
                 held += int(rg.bytes[a])
         nodes = [int(i) for i in np.argsort(-node_mem, kind="stable") if node_mem[i] > self.budget]
         replays = sorted((a for a, m in replay_mem.items() if m > self.budget), key=lambda a: -replay_mem[a])
-        return nodes, replays
+        if not nodes and not replays:
+            return None
+        return ([partial(self.cut_node, i) for i in nodes if i not in self.cut_nodes][:POINT_CUTS_PER_ROUND]
+                + [partial(self.cut_replay, a) for a in replays if a not in self.cut_replays][:POINT_CUTS_PER_ROUND])
+
+
+@dataclass
+class _Outcome:
+    chosen: list[int] | None  # the last program's solution, if it fits (then it is the program's optimum)
+    objective: float
+    lower: float  # proven lower bound on the program's optimum over sets that fit
+    rounds: int
+    how: str  # "optimal", "infeasible", "time limit (N s)" or "round limit (N)"
+
+
+def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelToken | None) -> _Outcome:
+    """Solve ``model``'s program, add its memory cuts where the solution is over budget, and again, until a
+    solution fits, none can, or a limit stops it. Every program solved is a relaxation of "fits", so its optimum
+    (HiGHS's dual bound when stopped by time) is a lower bound."""
+    start = time.perf_counter()
+    lower = 0.0
+    for rounds in range(1, max_rounds + 1):
+        check(cancel)
+        res = model.prog.solve(time_limit_s - (time.perf_counter() - start))
+        if res.status == 2:
+            return _Outcome(None, 0.0, float("inf"), rounds, "infeasible")
+        if res.status != 0 or res.x is None:
+            bound = getattr(res, "mip_dual_bound", None)
+            if bound is not None and np.isfinite(bound):
+                lower = max(lower, float(bound))
+            return _Outcome(None, 0.0, lower, rounds, f"time limit ({time_limit_s:.0f} s)")
+        lower = max(lower, float(res.fun))
+        chosen = [k for k in model.cands if res.x[model.col[k]] > 0.5]
+        cuts = model.cuts(chosen)
+        if cuts is None:
+            return _Outcome(chosen, float(res.fun), lower, rounds, "optimal")
+        for cut in cuts:
+            cut()
+        if not cuts:  # the cuts bound this set's memory too low: cut the set itself
+            model.no_good(chosen)
+        if time.perf_counter() - start > time_limit_s:
+            return _Outcome(None, 0.0, lower, rounds, f"time limit ({time_limit_s:.0f} s)")
+    return _Outcome(None, 0.0, lower, max_rounds, f"round limit ({max_rounds})")
 
 
 def exact_recompute_set(ctx: PlanContext, budget: int, *, time_limit_s: float = 60.0, max_rounds: int = 200,
@@ -296,76 +355,102 @@ def exact_recompute_set(ctx: PlanContext, budget: int, *, time_limit_s: float = 
     """The optimal recompute set for ``budget`` in replay mode "again", or, when ``time_limit_s`` or
     ``max_rounds`` stops the search, ``incumbent`` (a set that fits, if any) with a proven lower bound."""
     rg, sim = ctx.rg, ctx.sim
-    start = time.perf_counter()
     model = _AgainProgram(ctx, budget)
     why = _relaxed_rows(ctx, budget, model.prog, model.col)
     if why is not None:
         return MilpResult(None, 0.0, float("inf"), False, why, 0)
-    fits = incumbent is not None and sim.peak(incumbent, by_index=True)[0] <= budget
-    known = sim.simulate([rg.act_ids[k] for k in incumbent]).extra_ms if fits else float("inf")
-    lower = 0.0
-    for rounds in range(1, max_rounds + 1):
-        check(cancel)
-        left = time_limit_s - (time.perf_counter() - start)
-        res = model.prog.solve(left)
-        if res.status == 2:  # infeasible: no set fits (the relaxation is a superset of what fits)
-            return MilpResult(None, 0.0, float("inf"), False, "MILP infeasible: no recompute set fits", rounds)
-        if res.status != 0 or res.x is None:
-            bound = getattr(res, "mip_dual_bound", None)
-            if bound is not None and np.isfinite(bound):
-                lower = max(lower, float(bound))
-            return _stopped(incumbent if fits else None, known, lower, f"time limit ({time_limit_s:.0f} s)", rounds)
-        lower = max(lower, float(res.fun))
-        chosen = [k for k in model.cands if res.x[model.col[k]] > 0.5]
-        nodes, replays = model.over_budget(chosen)
-        if not nodes and not replays:
-            return MilpResult(chosen, float(res.fun), lower, True, "optimal", rounds)
-        new_nodes = [i for i in nodes if i not in model.cut_nodes][:POINT_CUTS_PER_ROUND]
-        new_replays = [a for a in replays if a not in model.cut_replays][:POINT_CUTS_PER_ROUND]
-        for i in new_nodes:
-            model.cut_node(i)
-        for a in new_replays:
-            model.cut_replay(a)
-        if not new_nodes and not new_replays:  # the cuts bound this set's memory too low: cut the set itself
-            model.no_good(chosen)
-        if time.perf_counter() - start > time_limit_s:
-            return _stopped(incumbent if fits else None, known, lower, f"time limit ({time_limit_s:.0f} s)", rounds)
-    return _stopped(incumbent if fits else None, known, lower, f"round limit ({max_rounds})", max_rounds)
+    out = _solve_lazily(model, time_limit_s, max_rounds, cancel)
+    if out.chosen is not None:
+        return MilpResult(out.chosen, out.objective, out.lower, True, "optimal", out.rounds)
+    if out.how == "infeasible":
+        return MilpResult(None, 0.0, float("inf"), False, "MILP infeasible: no recompute set fits", out.rounds)
+    if incumbent is None or sim.peak(incumbent, by_index=True)[0] > budget:
+        return MilpResult(None, 0.0, out.lower, False, f"{out.how}: no fitting set found", out.rounds)
+    known = sim.simulate([rg.act_ids[k] for k in incumbent]).extra_ms
+    status = f"{out.how}: the incumbent is within {known / out.lower - 1:.1%} of the optimum" if out.lower else out.how
+    return MilpResult(incumbent, known, out.lower, known <= out.lower * (1 + REL_GAP), status, out.rounds)
 
 
-def _stopped(chosen: list[int] | None, extra_ms: float, lower: float, why: str, rounds: int) -> MilpResult:
-    if chosen is None:
-        return MilpResult(None, 0.0, lower, False, f"{why}: no fitting set found", rounds)
-    status = f"{why}: the incumbent is within {extra_ms / lower - 1:.1%} of the optimum" if lower > 0 else why
-    return MilpResult(chosen, extra_ms, lower, extra_ms <= lower * (1 + REL_GAP), status, rounds)
+class _SharedBound(_LazyProgram):
+    """The program of :func:`shared_bound`."""
+
+    def __init__(self, ctx: PlanContext, budget: int) -> None:
+        super().__init__(ctx, budget)
+        rg, prog = ctx.rg, self.prog
+        node_var: dict[int, int] = {}
+        for k in self.cands:
+            for v in rg.own[k]:
+                v = int(v)
+                if v not in node_var:
+                    node_var[v] = prog.var(float(rg.run_ms[v]))
+                prog.row([node_var[v], self.col[k]], [1.0, -1.0], 0.0)  # z[v] >= x[k]
+        self.early: dict[int, dict[int, int]] = {}  # k -> s -> column of "s is back by k's first backward use"
+
+    def _early(self, k: int) -> dict[int, int]:
+        """P[k, s] >= "recomputing k reaches recomputed s, needed later, through recomputed stops" (then s is
+        back in memory by k's first backward use: produced by that replay or an earlier one)."""
+        if k not in self.early:
+            rg, prog, col = self.ctx.rg, self.prog, self.col
+            reach = {k: col[k]}
+            stack = [k]
+            while stack:
+                p = stack.pop()
+                for s in rg.stops[p]:
+                    if not rg.is_candidate[s] or rg.first_bw[s] <= rg.first_bw[k]:
+                        continue
+                    if s not in reach:
+                        reach[s] = prog.var()
+                        stack.append(s)
+                    prog.row([reach[s], reach[p], col[s]], [1.0, -1.0, -1.0], -1.0)  # P[k,s] >= P[k,p] + x[s] - 1
+            del reach[k]
+            self.early[k] = reach
+        return self.early[k]
+
+    def cut_node(self, i: int) -> None:
+        """Node ``i``'s memory <= budget, with the recomputed activations shared chains bring back early."""
+        rg, prog = self.ctx.rg, self.prog
+        self.cut_nodes.add(i)
+        cols, coefs = [], []
+        for k in self.cands:
+            if rg.last_fw[k] < i < rg.first_bw[k]:
+                cols.append(self.col[k])
+                coefs.append(-float(rg.bytes[k]))
+        held: dict[int, list[int]] = {}
+        for k in self.cands:
+            if rg.first_bw[k] <= i:
+                for s, p in self._early(k).items():
+                    if rg.last_fw[s] < i < rg.first_bw[s]:
+                        held.setdefault(s, []).append(p)
+        for s, ps in held.items():
+            w = prog.var()
+            for p in ps:
+                prog.row([w, p], [1.0, -1.0], 0.0)
+            cols.append(w)
+            coefs.append(float(rg.bytes[s]))
+        prog.row(cols, [c / self.budget for c in coefs], upper=1.0 - self.mem_peak[i] / self.budget)
+
+    def cuts(self, chosen: list[int]) -> list[Callable[[], None]] | None:
+        sim = self.ctx.sim
+        mode = get_mode("shared")
+        schedule = mode.schedule(sim, chosen)
+        if mode.evaluate(sim, schedule)[0] <= self.budget:
+            return None
+        acts_node, _ = sim.activation_memory(schedule.back >= 0, schedule.keep_until, schedule.back)
+        node_mem = sim.base + acts_node
+        over = [int(i) for i in np.argsort(-node_mem, kind="stable") if node_mem[i] > self.budget]
+        return [partial(self.cut_node, i) for i in over if i not in self.cut_nodes][:POINT_CUTS_PER_ROUND]
 
 
-def chain_bound(ctx: PlanContext, budget: int, *, time_limit_s: float = 30.0,
-                cancel: CancelToken | None = None) -> MilpResult:
-    """A lower bound on the extra time of every plan that fits ``budget``, in any replay mode, and the set that
-    attains it in the relaxation (``chosen``; it need not fit once simulated: price it before using it)."""
-    rg = ctx.rg
-    check(cancel)
-    col = {k: j for j, k in enumerate(rg.candidates)}
-    prog = _Program(len(col))
-    why = _relaxed_rows(ctx, budget, prog, col)
+def shared_bound(ctx: PlanContext, budget: int, *, time_limit_s: float = 30.0, max_rounds: int = 30,
+                 cancel: CancelToken | None = None) -> MilpResult:
+    """A lower bound on the extra time of every plan that fits ``budget`` in replay mode "shared", and the set
+    that attains it once it fits there (``chosen``, priced in that mode; ``None`` if stopped first)."""
+    model = _SharedBound(ctx, budget)
+    why = _relaxed_rows(ctx, budget, model.prog, model.col)
     if why is not None:
         return MilpResult(None, 0.0, float("inf"), False, why, 0)
-    node_var: dict[int, int] = {}
-    for k in rg.candidates:
-        for v in rg.own[k]:
-            v = int(v)
-            if v not in node_var:
-                node_var[v] = prog.var(float(rg.run_ms[v]))
-            prog.row([node_var[v], col[k]], [1.0, -1.0], 0.0)  # z[v] >= x[k]
-    res = prog.solve(time_limit_s)
-    if res.status == 2:
-        return MilpResult(None, 0.0, float("inf"), False, "MILP infeasible: no recompute set fits", 1)
-    if res.x is None:
-        bound = getattr(res, "mip_dual_bound", None)
-        lower = float(bound) if bound is not None and np.isfinite(bound) else 0.0
-        return MilpResult(None, 0.0, lower, False, f"time limit ({time_limit_s:.0f} s): {res.message}", 1)
-    chosen = [k for k in rg.candidates if res.x[col[k]] > 0.5]
-    optimal = res.status == 0
-    lower = float(res.fun) if optimal else float(getattr(res, "mip_dual_bound", 0.0) or 0.0)
-    return MilpResult(chosen, float(res.fun), lower, optimal, "optimal" if optimal else "time limit", 1)
+    out = _solve_lazily(model, time_limit_s, max_rounds, cancel)
+    if out.chosen is None:
+        return MilpResult(None, 0.0, out.lower, False, out.how, out.rounds)
+    extra = get_mode("shared").peak(ctx.sim, out.chosen)[2]
+    return MilpResult(out.chosen, extra, out.lower, extra <= out.lower * (1 + REL_GAP), out.how, out.rounds)

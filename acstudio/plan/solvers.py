@@ -77,9 +77,11 @@ def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = N
     return trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
 
 
-# Time limits of the programs: a plan asked for on its own, and each point of a sweep.
+# Time limits of the programs: a plan asked for on its own, and each point of a sweep. Sweeps (the GUI's Pareto
+# chart runs one in the background) leave the programs out past BERT-size graphs: ResNet-152 takes minutes.
 MILP_TIME_LIMIT_S = 60.0
 SWEEP_MILP_TIME_LIMIT_S = 20.0
+SWEEP_MILP_MAX_CANDIDATES = 400
 
 
 def exact_milp(ctx: PlanContext, budget: int, time_limit_s: float = MILP_TIME_LIMIT_S,
@@ -108,26 +110,30 @@ def milp_plan(ctx: PlanContext, budget: int, result) -> Plan:
                             f"{BUDGET_MET} ({result.status}; lower bound {result.lower_bound_ms:.3f} ms)")
 
 
-@solver("milp-bound", "the fastest plan known (auto's, the bound's own set) and a lower bound on any plan's "
-                      "time in any replay mode (BERT-size graphs)")
+@solver("milp-bound", "the fastest plan known (auto's, milp's, the shared-mode bound's own) and a lower bound on "
+                      "every plan's time in both replay modes auto plans in")
 def solve_milp_bound(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     return bounded_plan(ctx, budget, cancel)[0]
 
 
 def bounded_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
-                 time_limit_s: float = MILP_TIME_LIMIT_S, auto: Plan | None = None) -> tuple[Plan, float]:
-    """``milp-bound``'s plan and the lower bound (ms) on the extra time of every plan that fits ``budget``
-    (``auto``: auto's plan at ``budget``, if the caller has it)."""
-    from acstudio.plan.milp import chain_bound
+                 time_limit_s: float = MILP_TIME_LIMIT_S, auto: Plan | None = None, exact=None) -> tuple[Plan, float]:
+    """``milp-bound``'s plan and the lower bound (ms) on the extra time of every plan that fits ``budget`` in
+    replay mode "again" or "shared": the smaller of the two programs' bounds (``auto``: auto's plan, ``exact``:
+    :func:`exact_milp`'s result at ``budget``, if the caller has them)."""
+    from acstudio.plan.milp import shared_bound
 
-    bound = chain_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
+    exact = exact or exact_milp(ctx, budget, time_limit_s, cancel)
+    shared = shared_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
     plans = [auto or solve_auto(ctx, budget, cancel=cancel)]
-    if bound.chosen:
-        plans += [ctx.plan_for_set("milp-bound", budget, bound.chosen, mode=m) for m in ("again", "shared")]
+    if exact.chosen:
+        plans.append(ctx.plan_for_set("milp-bound", budget, exact.chosen))
+    if shared.chosen:
+        plans.append(ctx.plan_for_set("milp-bound", budget, shared.chosen, mode="shared"))
     best = best_of(plans)
-    lower = bound.lower_bound_ms
+    lower = min(exact.lower_bound_ms, shared.lower_bound_ms)
     if not best.feasible:
-        why = f"{best.stop_reason}; {bound.status}" if bound.chosen is None else best.stop_reason
+        why = best.stop_reason
     elif lower > 1e-12:
         why = (f"{best.stop_reason}; every plan that fits needs at least {lower:.3f} ms, this one is within "
                f"{best.predicted_extra_ms / lower - 1:.1%} of that")
@@ -245,7 +251,7 @@ def plan(profile: Profile, budget_bytes: int, solver: str = "auto", simulator: S
 
 def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: Simulator | None = None,
           milp_points: int = 6, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
-          ctx: PlanContext | None = None) -> pd.DataFrame:
+          ctx: PlanContext | None = None, milp_time_s: float = SWEEP_MILP_TIME_LIMIT_S) -> pd.DataFrame:
     """Pareto table of every solver under the same simulator: one row per (solver, operating point).
 
     μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the block search
@@ -297,7 +303,7 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
         for pk, ms, n, mode, src in pareto_front(points):
             row("auto", pk, ms, n, mode, note=f"{src}'s plan")
     if {"milp", "milp-bound"} & solvers:
-        rows.extend(_milp_rows(ctx, traj, milp_points, solvers, cancel))
+        rows.extend(_milp_rows(ctx, traj, milp_points, solvers, milp_time_s, cancel))
     return pd.DataFrame(rows)
 
 
@@ -310,10 +316,16 @@ def pareto_front(points: list[tuple]) -> list[tuple]:
     return front
 
 
-def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Collection[str],
+def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Collection[str], time_s: float,
                cancel: CancelToken | None) -> list[dict]:
     """At ``milp_points`` budgets of μ-TWO's curve: the exact program's answer (``milp``: μ-TWO's gap against it)
-    and the bound of any replay mode (``milp-bound``: ``auto``'s gap is at most ``gap_bound``)."""
+    and the bound of both modes (``milp-bound``: ``auto``'s gap is at most ``gap_bound``), each program stopped
+    after ``time_s``. Past ``SWEEP_MILP_MAX_CANDIDATES`` a row says how to get them instead."""
+    n = len(ctx.rg.candidates)
+    if n > SWEEP_MILP_MAX_CANDIDATES:
+        return [{"solver": s, "note": f"skipped: {n} candidates (sweeps run the programs up to "
+                                      f"{SWEEP_MILP_MAX_CANDIDATES}); plan one budget with --solver {s}"}
+                for s in ("milp", "milp-bound") if s in solvers]
     rows = []
     peaks = sorted({s.predicted_peak_bytes for s in traj.steps[1:]}, reverse=True)
     picks = [peaks[round(i)] for i in np.linspace(0, len(peaks) - 1, min(milp_points, len(peaks)))]
@@ -321,8 +333,8 @@ def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Co
         check(cancel)
         auto = solve_auto(ctx, budget, cancel=cancel)
         base = {"budget_bytes": budget, "auto_extra_ms": auto.predicted_extra_ms}
+        exact = exact_milp(ctx, budget, time_s, cancel)
         if "milp" in solvers:
-            exact = exact_milp(ctx, budget, SWEEP_MILP_TIME_LIMIT_S, cancel)
             p = milp_plan(ctx, budget, exact)
             mu = traj.plan_for_budget(budget)
             rows.append({**base, "solver": "milp", "peak_bytes": p.predicted_peak_bytes,
@@ -331,7 +343,7 @@ def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Co
                          "lower_bound_ms": exact.lower_bound_ms, "mutwo_extra_ms": mu.predicted_extra_ms,
                          "gap": _gap(mu.predicted_extra_ms, exact.lower_bound_ms)})
         if "milp-bound" in solvers:
-            p, lower = bounded_plan(ctx, budget, cancel, SWEEP_MILP_TIME_LIMIT_S, auto)
+            p, lower = bounded_plan(ctx, budget, cancel, time_s, auto, exact)
             rows.append({**base, "solver": "milp-bound", "peak_bytes": p.predicted_peak_bytes,
                          "extra_ms": p.predicted_extra_ms, "n_recomputed": len(p.recomputed),
                          "replay_mode": p.replay_mode, "feasible": p.feasible, "note": p.stop_reason,
