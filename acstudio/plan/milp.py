@@ -27,12 +27,16 @@ bound when the time limit stops it) is a proven lower bound on the extra time of
 mode; when the time (or round) limit stops the search first, the answer is the best fitting set known (the
 ``incumbent`` passed in, e.g. μ-TWO's plan) with that bound.
 
-:func:`chain_bound` (solver ``milp-bound``) is a lower bound for *every* replay mode, small enough for BERT-size
-graphs (hundreds of candidates): whatever the mode, each recomputed activation's own chain runs at least once
-(``z[v] >= x[k]`` for the nodes ``v`` of k's chain, objective ``sum(run_ms[v] * z[v])``), and every mode frees a
-recomputed activation after its last forward use and holds it again by its first backward use at the latest, so
-the relaxed memory rows hold in every mode. Its own set is priced by the simulator in each mode; the bound says
-how far from optimal any plan is (``auto``'s included).
+:func:`shared_bound` is a lower bound for shared-chain plans (replay mode ``"shared"``, where ``auto``'s fastest
+plans usually come from). Its objective counts each recomputed activation's own chain once (``z[v] >= x[k]`` for
+the nodes ``v`` of k's chain, ``sum(run_ms[v] * z[v])``): a shared replay runs every chain at least once, and more
+only when a produced activation is gone again before a later replay needs it. Its memory rows are the relaxation
+above, and its cuts add what shared chains bring back early: recomputing ``k`` reaches recomputed ``s`` that is
+needed later (``P[k, s]``, through recomputed stops), so ``s`` is back in memory by k's first backward use. Each
+solution is simulated in that mode, and the program stops when one fits (then it is a plan, at its simulated
+time, and the objective a bound), when none can, or at its limits (the bound so far). Solver ``milp-bound`` takes
+the smaller of the two programs' bounds, a lower bound on every plan in either mode, and returns the fastest plan
+it knows (``auto``'s, ``milp``'s, the shared program's own) with it.
 
 The decision. Today a plan's decision per activation is binary (recomputed or kept: ``Plan.recomputed``). A
 third decision, offload to the CPU, enters here as a second binary ``o[k]`` with ``x[k] + o[k] <= 1``: in the
