@@ -207,3 +207,17 @@ def test_an_export_folder_is_known_by_any_of_its_markers(tmp_path, monkeypatch):
     with pytest.raises(OutputPathError, match="did not write"):
         prepare_output_dir(folder)  # without that marker it is somebody else's
     assert (folder / "sac_policy.json").is_file()
+
+
+def test_a_reader_that_stops_early_is_not_an_error(tmp_path):
+    """`acstudio plan ... --out p.json | head -1`: the plan file is written, and no error line or status follows."""
+    import subprocess
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is printed
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "acstudio", "plan", str(SAMPLE), "--budget", "90%", "--out", str(out)],
+                          stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert Profile.load(SAMPLE).fingerprint == json.loads(out.read_text())["profile_fingerprint"]
