@@ -191,6 +191,25 @@ def test_export_replaces_only_its_own_folders(workdir, capsys):
     capsys.readouterr()
 
 
+def test_a_picked_folder_of_other_files_gets_a_new_export_folder_inside(tmp_path):
+    from acstudio.export.exporter import export_folder_in
+
+    picked = tmp_path / "projects"
+    assert export_folder_in(picked, "plan") == picked  # absent: written as it is
+    picked.mkdir()
+    assert export_folder_in(picked, "plan") == picked  # empty
+    (picked / "notes.txt").write_text("mine")
+    assert export_folder_in(picked, "plan") == picked / "plan"
+    (picked / "plan").mkdir()
+    (picked / "plan" / "data.csv").write_text("theirs")
+    assert export_folder_in(picked, "plan") == picked / "plan-2"  # taken by someone else's files
+    profile = Profile.load(SAMPLE)
+    make_plan(profile, int(0.9 * profile.peak_bytes)).save(tmp_path / "p.json")
+    assert main(["export", str(SAMPLE), "--plan", str(tmp_path / "p.json"), "--out", str(picked / "plan-2")]) == 0
+    assert export_folder_in(picked, "plan") == picked / "plan-2"  # an earlier export: replaced
+    assert export_folder_in(picked / "plan-2", "plan") == picked / "plan-2"
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
