@@ -120,6 +120,23 @@ class _Program:
                     options={"time_limit": max(time_limit_s, 0.01), "mip_rel_gap": REL_GAP})
 
 
+def _pay_once(prog: _Program, rg, chains: dict[int, int]) -> None:
+    """Objective terms for replaying the union of the own chains of ``chains`` (activation -> column that is 1
+    when its chain runs): each node once. A node of one chain only is priced on that chain's column; a node that
+    several chains share gets a column ``z[v] >= column`` of each."""
+    users: dict[int, list[int]] = {}
+    for s, column in chains.items():
+        for v in rg.own[s]:
+            users.setdefault(int(v), []).append(column)
+    for v, columns in users.items():
+        if len(columns) == 1:
+            prog.cost[columns[0]] += float(rg.run_ms[v])
+            continue
+        z = prog.var(float(rg.run_ms[v]))
+        for column in columns:
+            prog.row([z, column], [1.0, -1.0], 0.0)
+
+
 def _relaxed_rows(ctx: PlanContext, budget: int, prog: _Program, col: dict[int, int]) -> str | None:
     """Add each over-budget node's row "memory without the extras <= budget" (one per distinct set of activations
     freed across it, the tightest kept); returns why no set can fit, if so."""
@@ -207,13 +224,7 @@ class _AgainProgram(_LazyProgram):
             for s in rg.stops[p]:
                 if s in var and s != a:  # y[a,s] >= y[a,p] + x[s] - 1
                     prog.row([var[s], var[p], col[s]], [1.0, -1.0, -1.0], -1.0)
-        node_var: dict[int, int] = {}
-        for s, ys in var.items():
-            for v in rg.own[s]:
-                v = int(v)
-                if v not in node_var:
-                    node_var[v] = prog.var(float(rg.run_ms[v]))
-                prog.row([node_var[v], ys], [1.0, -1.0], 0.0)  # z[a,v] >= y[a,s]
+        _pay_once(prog, rg, var)  # z[a,v] >= y[a,s]
         self.chain[a] = var
 
     def _q(self, a: int, s: int, ps: list[int]) -> int:
@@ -380,14 +391,7 @@ class _SharedBound(_LazyProgram):
 
     def __init__(self, ctx: PlanContext, budget: int) -> None:
         super().__init__(ctx, budget)
-        rg, prog = ctx.rg, self.prog
-        node_var: dict[int, int] = {}
-        for k in self.cands:
-            for v in rg.own[k]:
-                v = int(v)
-                if v not in node_var:
-                    node_var[v] = prog.var(float(rg.run_ms[v]))
-                prog.row([node_var[v], self.col[k]], [1.0, -1.0], 0.0)  # z[v] >= x[k]
+        _pay_once(self.prog, ctx.rg, self.col)  # z[v] >= x[k]
         self.early: dict[int, dict[int, int]] = {}  # k -> s -> column of "s is back by k's first backward use"
 
     def _early(self, k: int) -> dict[int, int]:
