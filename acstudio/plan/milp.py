@@ -25,7 +25,8 @@ What is exact and what is a bound: the first solution that fits is optimal for t
 relative gap, ``REL_GAP``). Every program solved on the way is a relaxation, so its optimum (or HiGHS's dual
 bound when the time limit stops it) is a proven lower bound on the extra time of every plan that fits in this
 mode; when the time (or round) limit stops the search first, the answer is the best fitting set known (the
-``incumbent`` passed in, e.g. μ-TWO's plan) with that bound.
+``incumbent`` passed in, e.g. μ-TWO's plan) with that bound. A cancel takes effect between programs: HiGHS
+cannot be interrupted inside one, so ``time_limit_s`` also bounds how long a cancel may wait.
 
 :func:`shared_bound` is a lower bound for shared-chain plans (replay mode ``"shared"``, where ``auto``'s fastest
 plans usually come from). Its objective counts each recomputed activation's own chain once (``z[v] >= x[k]`` for
