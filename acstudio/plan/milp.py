@@ -87,7 +87,9 @@ class MilpResult:
         """Upper bound on ``chosen``'s relative distance from the optimum: ``extra / lower bound - 1``."""
         if self.chosen is None:
             return float("inf")
-        return self.extra_ms / self.lower_bound_ms - 1 if self.lower_bound_ms > 1e-12 else 0.0
+        if self.lower_bound_ms > 1e-12:
+            return self.extra_ms / self.lower_bound_ms - 1
+        return 0.0 if self.extra_ms <= 1e-12 else float("inf")
 
 
 class _Program:
@@ -352,7 +354,8 @@ def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelTok
             if bound is not None and np.isfinite(bound):
                 lower = max(lower, float(bound))
             return _Outcome(None, 0.0, lower, rounds, f"time limit ({time_limit_s:.0f} s)")
-        lower = max(lower, float(res.fun))
+        bound = getattr(res, "mip_dual_bound", None)  # at most the optimum (equal to REL_GAP)
+        lower = max(lower, float(bound) if bound is not None and np.isfinite(bound) else float(res.fun))
         chosen = [k for k in model.cands if res.x[model.col[k]] > 0.5]
         cuts = model.cuts(chosen)
         if cuts is None:
