@@ -125,7 +125,7 @@ def bounded_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = Non
 
     exact = exact or exact_milp(ctx, budget, time_limit_s, cancel)
     shared = shared_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
-    plans = [auto or solve_auto(ctx, budget, cancel=cancel)]
+    plans = [auto or auto_plan(ctx, budget, cancel, program_time_s=time_limit_s)]
     if exact.chosen:
         plans.append(ctx.plan_for_set("milp-bound", budget, exact.chosen))
     if shared.chosen:
@@ -181,12 +181,30 @@ for _name, _summary in baselines.SUMMARIES.items():
 KNOWN = ("mutwo", "blocks", "per-module", "sqrt-n", "recompute-all", "keep-all")
 
 
+# auto also asks the shared-mode program (acstudio.plan.milp.shared_bound) for its set on graphs up to this size,
+# within this time: on the transformer samples it answers in 0-3 s and often finds a faster plan than the others.
+AUTO_PROGRAM_MAX_CANDIDATES = 400
+AUTO_PROGRAM_TIME_LIMIT_S = 10.0
+
+
 @solver("auto", "the fastest plan of every solver above that fits (never beaten by a plan it knows)")
 def solve_auto(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    return auto_plan(ctx, budget, cancel)
+
+
+def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
+              program_time_s: float = AUTO_PROGRAM_TIME_LIMIT_S) -> Plan:
+    """``auto``'s plan, giving the shared-mode program at most ``program_time_s``."""
     plans = []
     for name in KNOWN:
         check(cancel)
         plans.append(SOLVERS[name].solve(ctx, budget, cancel=cancel))
+    if len(ctx.rg.candidates) <= AUTO_PROGRAM_MAX_CANDIDATES and ctx.sim.baseline_peak > budget:
+        from acstudio.plan.milp import shared_bound  # scipy.optimize: imported only when used
+
+        program = shared_bound(ctx, budget, time_limit_s=program_time_s, cancel=cancel)
+        if program.chosen:
+            plans.append(ctx.plan_for_set("milp-bound", budget, program.chosen, mode="shared"))
     best = best_of(plans)
     why = f"{best.stop_reason} ({best.solver}'s plan)" if best.recomputed else best.stop_reason
     return dataclasses.replace(best, solver="auto", stop_reason=why)
@@ -331,7 +349,7 @@ def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Co
     picks = [peaks[round(i)] for i in np.linspace(0, len(peaks) - 1, min(milp_points, len(peaks)))]
     for budget in dict.fromkeys(picks):
         check(cancel)
-        auto = solve_auto(ctx, budget, cancel=cancel)
+        auto = auto_plan(ctx, budget, cancel, program_time_s=time_s)
         base = {"budget_bytes": budget, "auto_extra_ms": auto.predicted_extra_ms}
         exact = exact_milp(ctx, budget, time_s, cancel)
         if "milp" in solvers:
