@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -28,13 +29,13 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QStyle,
     QTableView,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
-from acstudio.bench.results import BenchResults
 from acstudio.gui.budget_panel import BudgetPanel
 from acstudio.gui.dialogs import BenchDialog, Messages, NewProfileDialog, TableDialog
 from acstudio.gui.graph_view import GraphView
@@ -44,12 +45,15 @@ from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.gui.session import Loaded, PlanState, Session, open_document, prepare
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.model import Plan
-from acstudio.plan.peak import explain_peak
+from acstudio.plan.peak import explain_peak, floor_sentence
 from acstudio.plan.solvers import SOLVERS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
 from acstudio.units import format_bytes
 from acstudio.views.child import probe_environment, profile_in_child, sweep_in_child
+
+if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark file the user opens loads it
+    from acstudio.bench.results import BenchResults
 
 MAX_RECENT = 8
 MAX_COLUMN_PX = 280
@@ -89,6 +93,7 @@ class MainWindow(QMainWindow):
         self.session = Session(self)
         self.session.loadedChanged.connect(self._on_loaded)
         self.session.planChanged.connect(self._on_plan)
+        self.session.simulated.connect(self._on_simulated)
         self.session.spanChanged.connect(self._on_span)
         self.session.selectionChanged.connect(self._on_selection)
         self.session.failed.connect(lambda msg, details: self._error("Planning failed", msg, details))
@@ -159,7 +164,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.cancel_button)
 
         self.runners: dict[str, JobRunner] = {}
-        for name in ("load", "profile", "probe", "sweep", "export", "bench"):
+        for name in ("load", "profile", "probe", "sweep", "floor", "export", "bench"):
             runner = JobRunner(name, self)
             runner.progress.connect(partial(self._on_progress, name))
             runner.busyChanged.connect(self._update_busy)
@@ -171,6 +176,7 @@ class MainWindow(QMainWindow):
         self.runners["load"].resultReady.connect(self._on_opened)
         self.runners["profile"].resultReady.connect(self._on_profiled)
         self.runners["sweep"].resultReady.connect(self._on_sweep)
+        self.runners["floor"].resultReady.connect(self._on_floor_note)
         self.runners["probe"].resultReady.connect(self._on_environment)
         self._environment: dict | None = None
         self._env_dialogs: list[NewProfileDialog | BenchDialog] = []
@@ -179,7 +185,8 @@ class MainWindow(QMainWindow):
         self.runners["export"].resultReady.connect(self._on_exported)
         self.runners["bench"].resultReady.connect(self._on_bench)
         self._opening = ""
-        self._size_plan_columns = False
+        self._waiting_first_plan = False  # a profile opened and its first plan is not complete yet
+        self._inspector_html = ""
         self._build_menus()
         self._restore_layout()
 
@@ -240,8 +247,8 @@ class MainWindow(QMainWindow):
 
     def _on_opened(self, result: Loaded | Plan | BenchResults) -> None:
         self._remember(self._opening)
-        if isinstance(result, BenchResults):
-            self._on_bench(result)
+        if isinstance(result, Loaded):
+            self.session.set_loaded(result)
         elif isinstance(result, Plan):
             self.session.show(result)
             self.budget.solver.blockSignals(True)
@@ -252,7 +259,7 @@ class MainWindow(QMainWindow):
             self.show_status(f"Plan {Path(self._opening).name}: {result.solver}, "
                              f"budget {format_bytes(result.budget_bytes)}")
         else:
-            self.session.set_loaded(result)
+            self._on_bench(result)
 
     def _remember(self, path: str) -> None:
         recent = [p for p in self._recent() if p != path]
@@ -336,28 +343,58 @@ class MainWindow(QMainWindow):
         self.table_model.set_frame(loaded.table)
         self.table_proxy.sort(-1)  # graph order until the user sorts
         self.table.horizontalHeader().setSortIndicator(-1, Qt.SortOrder.AscendingOrder)
-        self._size_plan_columns = True
+        self._waiting_first_plan = True
+        self.runners["sweep"].cancel()
+        self.runners["floor"].cancel()
         floor, top = self.session.floor_bytes, self.session.baseline_bytes
         self.budget.set_range(floor, top)
         curve = loaded.trajectory.curve()
         self.budget.set_curve(curve["extra_ms"].to_numpy(), curve["predicted_peak_bytes"].to_numpy())
         self.budget.clear_others()
         self.budget.setEnabled(True)
+        self.budget.solver.blockSignals(True)  # one plan for the opening budget, not one for the solver too
         self.budget.solver.setCurrentText("auto")
-        self.inspector.setHtml(self._profile_html(loaded))
+        self.budget.solver.blockSignals(False)
+        self.session.solver = "auto"
+        self._show_html(self._profile_html(loaded))
         self.set_budget(top if floor >= top else (floor + top) // 2)
-        self.runners["sweep"].submit(partial(sweep_in_child, loaded.path))
         self._update_actions()
         self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} "
                          f"activations; peak {format_bytes(top)}, floor {format_bytes(floor)}")
 
+    def _after_first_plan(self) -> None:
+        """What the first paint does not need starts once the opened profile's first plan is complete: the other
+        solvers' sweep (a child process), what sets the floor, the graph's layouts one click away, and the table's
+        column widths (its plan columns are filled now)."""
+        if not self._waiting_first_plan:
+            return
+        self._waiting_first_plan = False
+        loaded = self.session.loaded
+        self.runners["sweep"].submit(partial(sweep_in_child, loaded.path))
+        self.runners["floor"].submit(partial(explain_floor, loaded))
+        self.graph.allow_prefetch()
+        QTimer.singleShot(0, self._size_table_columns)
+
+    def _on_floor_note(self, result: tuple[Loaded, str]) -> None:
+        loaded, note = result
+        loaded.floor_note = note
+        if loaded is self.session.loaded:
+            self._refresh_inspector()
+
     def _size_table_columns(self) -> None:
-        """Every column as wide as its content (judged on the first :data:`SIZE_SAMPLE_ROWS` rows), up to
-        :data:`MAX_COLUMN_PX` (longer cells end in "…" and show in full as a tooltip)."""
-        self.table.resizeColumnsToContents()
-        for c in range(self.table_model.columnCount()):
-            if self.table.columnWidth(c) > MAX_COLUMN_PX:
-                self.table.setColumnWidth(c, MAX_COLUMN_PX)
+        """Every column as wide as its content (judged on the first :data:`SIZE_SAMPLE_ROWS` rows) and its header,
+        up to :data:`MAX_COLUMN_PX` (longer cells end in "…" and show in full as a tooltip).
+
+        Measured here from the formatted texts, as Qt's item delegate pads them: ``resizeColumnsToContents`` asks
+        the model for eight roles of every sampled cell, a tenth of a second of Python calls on the GUI thread."""
+        model, metrics = self.table_model, self.table.fontMetrics()
+        margin = self.table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin) + 1
+        padding = 2 * margin + 2  # the delegate's text margins, and the grid line
+        rows = range(min(SIZE_SAMPLE_ROWS, model.rowCount()))
+        header = self.table.horizontalHeader()
+        for c in range(model.columnCount()):
+            text = max((metrics.horizontalAdvance(model.text(r, c)) for r in rows), default=0)
+            self.table.setColumnWidth(c, min(max(text + padding, header.sectionSizeHint(c)), MAX_COLUMN_PX))
 
     def set_budget(self, budget: int) -> None:
         """Budget from any control: all controls follow, the session plans (quickly, then fully)."""
@@ -396,14 +433,28 @@ class MainWindow(QMainWindow):
                                     len(plan.recomputed), candidates, plan.feasible, how)
         self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)
         self.table_model.set_columns(self.session.table_columns(state))
-        if self._size_plan_columns:  # the plan columns are empty until the first plan: size them once it is here,
-            self._size_plan_columns = False  # after the window has painted what it opened on
-            QTimer.singleShot(0, self._size_table_columns)
-        if self.session.selected:
-            self.inspector.setHtml(self._node_html(self.session.selected))
-        elif state.complete:
-            self.inspector.setHtml(self._profile_html(loaded))
+        self._refresh_inspector()
         self._update_actions()
+        if state.complete:
+            self._after_first_plan()
+
+    def _on_simulated(self, _state: PlanState) -> None:
+        self._refresh_inspector()
+        self._after_first_plan()
+
+    def _refresh_inspector(self) -> None:
+        """The selected node, or the profile and what sets the current plan's peak (once its timeline is here:
+        until then the inspector keeps what it shows, rather than blinking on every slider step)."""
+        state = self.session.state
+        if self.session.selected:
+            self._show_html(self._node_html(self.session.selected))
+        elif state is not None and state.complete:
+            self._show_html(self._profile_html(self.session.loaded))
+
+    def _show_html(self, text: str) -> None:
+        if text != self._inspector_html:  # setHtml lays the whole document out again: a few ms
+            self._inspector_html = text
+            self.inspector.setHtml(text)
 
     def _restore_timeline(self, *_args) -> None:
         """A profiling run that drew its live curve ended without a profile: show the loaded one again."""
@@ -414,7 +465,7 @@ class MainWindow(QMainWindow):
         self.set_budget(self.budget.budget_bytes())
 
     def _on_selection(self, node_id: str) -> None:
-        self.inspector.setHtml(self._node_html(node_id))
+        self._show_html(self._node_html(node_id))
         if self.session.selected_activation:
             row = self.table_model.row_of(self.session.selected_activation)
             proxy_index = self.table_proxy.mapFromSource(self.table_model.index(row, 0))
@@ -454,8 +505,13 @@ class MainWindow(QMainWindow):
                 f"{env.get('torch', '?')}</p><p>measured peak {format_bytes(p.peak_bytes)} at {p.peak_node}<br>"
                 f"checkpointing floor {format_bytes(self.session.floor_bytes)}</p>"
                 f"<table><tr><th align=left>at the peak</th><th></th></tr>{cats}</table>"
-                f"<p>{html.escape(loaded.floor_note[:1].upper() + loaded.floor_note[1:])}.</p>{self._plan_peak_html()}"
+                f"{self._floor_html(loaded)}{self._plan_peak_html()}"
                 "<p>Click a node in the graph, the timeline or the table.</p>")
+
+    @staticmethod
+    def _floor_html(loaded: Loaded) -> str:
+        note = loaded.floor_note
+        return f"<p>{html.escape(note[:1].upper() + note[1:])}.</p>" if note else ""
 
     def _plan_peak_html(self) -> str:
         """What sets the current plan's peak (once its timeline is simulated)."""
@@ -585,6 +641,9 @@ class MainWindow(QMainWindow):
         if name == "sweep":  # the chart just lacks the other solvers' points: not worth a dialog
             self.show_status(f"Other solvers' curves unavailable: {message}")
             return
+        if name == "floor":  # the inspector just lacks a sentence
+            self.show_status(f"What sets the floor could not be worked out: {message}")
+            return
         titles = {"load": "Cannot open the file", "profile": "Profiling failed", "export": "Export failed",
                   "bench": "Benchmark failed", "probe": "Cannot list models and devices"}
         self._error(titles.get(name, name), message, details)
@@ -629,6 +688,11 @@ class MainWindow(QMainWindow):
                 return True
             time.sleep(0.005)
         return False
+
+
+def explain_floor(loaded: Loaded, progress=None, cancel=None) -> tuple[Loaded, str]:
+    """What sets the AC floor, in a sentence (half a second on ResNet-152: after the window is interactive)."""
+    return loaded, floor_sentence(loaded.ctx)
 
 
 def run_benchmark(workload: dict, out_dir: str, settings: dict, progress=None, cancel=None):

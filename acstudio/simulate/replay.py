@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acstudio.capture.analysis import replay_rules
+from acstudio.capture.replay_rules import replay_rules
 from acstudio.profile.model import Profile
 
 FORWARD_REGIONS = ("forward", "loss")
