@@ -45,7 +45,7 @@ from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.gui.session import Loaded, PlanState, Session, open_document, prepare
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.model import Plan
-from acstudio.plan.peak import explain_peak, floor_sentence
+from acstudio.plan.peak import explain_peak
 from acstudio.plan.solvers import SOLVERS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
@@ -77,6 +77,7 @@ def default_data_dir() -> str:
 
 class MainWindow(QMainWindow):
     liveMemory = Signal(int, object, int)  # (first node, peak bytes per node, nodes): a profile being measured
+    floorExplained = Signal(str, str)  # (profile path, what sets its AC floor), from the sweep's child process
 
     def __init__(self, settings: QSettings | None = None, cache_dir: str | None = None,
                  messages: Messages | None = None, data_dir: str | None = None) -> None:
@@ -164,7 +165,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.cancel_button)
 
         self.runners: dict[str, JobRunner] = {}
-        for name in ("load", "profile", "probe", "sweep", "floor", "export", "bench"):
+        for name in ("load", "profile", "probe", "sweep", "export", "bench"):
             runner = JobRunner(name, self)
             runner.progress.connect(partial(self._on_progress, name))
             runner.busyChanged.connect(self._update_busy)
@@ -176,7 +177,7 @@ class MainWindow(QMainWindow):
         self.runners["load"].resultReady.connect(self._on_opened)
         self.runners["profile"].resultReady.connect(self._on_profiled)
         self.runners["sweep"].resultReady.connect(self._on_sweep)
-        self.runners["floor"].resultReady.connect(self._on_floor_note)
+        self.floorExplained.connect(self._on_floor_note)
         self.runners["probe"].resultReady.connect(self._on_environment)
         self._environment: dict | None = None
         self._env_dialogs: list[NewProfileDialog | BenchDialog] = []
@@ -345,7 +346,6 @@ class MainWindow(QMainWindow):
         self.table.horizontalHeader().setSortIndicator(-1, Qt.SortOrder.AscendingOrder)
         self._waiting_first_plan = True
         self.runners["sweep"].cancel()
-        self.runners["floor"].cancel()
         floor, top = self.session.floor_bytes, self.session.baseline_bytes
         self.budget.set_range(floor, top)
         curve = loaded.trajectory.curve()
@@ -364,21 +364,21 @@ class MainWindow(QMainWindow):
 
     def _after_first_plan(self) -> None:
         """What the first paint does not need starts once the opened profile's first plan is complete: the other
-        solvers' sweep (a child process), what sets the floor, the graph's layouts one click away, and the table's
-        column widths (its plan columns are filled now)."""
+        solvers' sweep and what sets the floor (a child process), the graph's layouts one click away, and the
+        table's column widths (its plan columns are filled now)."""
         if not self._waiting_first_plan:
             return
         self._waiting_first_plan = False
-        loaded = self.session.loaded
-        self.runners["sweep"].submit(partial(sweep_in_child, loaded.path))
-        self.runners["floor"].submit(partial(explain_floor, loaded))
+        path = self.session.loaded.path
+        self.runners["sweep"].submit(partial(sweep_in_child, path,
+                                             on_floor=lambda note: self.floorExplained.emit(path, note)))
         self.graph.allow_prefetch()
         QTimer.singleShot(0, self._size_table_columns)
 
-    def _on_floor_note(self, result: tuple[Loaded, str]) -> None:
-        loaded, note = result
-        loaded.floor_note = note
-        if loaded is self.session.loaded:
+    def _on_floor_note(self, path: str, note: str) -> None:
+        loaded = self.session.loaded
+        if loaded is not None and loaded.path == path:
+            loaded.floor_note = note
             self._refresh_inspector()
 
     def _size_table_columns(self) -> None:
@@ -641,9 +641,6 @@ class MainWindow(QMainWindow):
         if name == "sweep":  # the chart just lacks the other solvers' points: not worth a dialog
             self.show_status(f"Other solvers' curves unavailable: {message}")
             return
-        if name == "floor":  # the inspector just lacks a sentence
-            self.show_status(f"What sets the floor could not be worked out: {message}")
-            return
         titles = {"load": "Cannot open the file", "profile": "Profiling failed", "export": "Export failed",
                   "bench": "Benchmark failed", "probe": "Cannot list models and devices"}
         self._error(titles.get(name, name), message, details)
@@ -688,11 +685,6 @@ class MainWindow(QMainWindow):
                 return True
             time.sleep(0.005)
         return False
-
-
-def explain_floor(loaded: Loaded, progress=None, cancel=None) -> tuple[Loaded, str]:
-    """What sets the AC floor, in a sentence (half a second on ResNet-152: after the window is interactive)."""
-    return loaded, floor_sentence(loaded.ctx)
 
 
 def run_benchmark(workload: dict, out_dir: str, settings: dict, progress=None, cancel=None):

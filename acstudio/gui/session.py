@@ -65,7 +65,7 @@ class Loaded:
     table: pd.DataFrame  # activation table, static columns (plan columns are filled per plan)
     acts: ActivationIndex  # node positions of each activation (table row)
     first_graph: tuple  # the graph's launch view, laid out (see acstudio.views.graph_layout.laid_out)
-    floor_note: str = ""  # what sets the AC floor, in a sentence: worked out after the window is interactive
+    floor_note: str = ""  # what sets the AC floor, in a sentence: worked out in the sweep's child process
 
 
 @dataclass
