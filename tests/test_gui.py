@@ -724,7 +724,11 @@ def test_inspector_says_what_sets_the_floor_and_the_plan_peak(qtbot, window, tin
     qtbot.waitUntil(lambda: window.session.state is not None and window.session.state.complete, timeout=30_000)
     # the floor is worked out once the window is interactive, and the inspector then says it
     qtbot.waitUntil(lambda: "The floor is " in window.inspector.toPlainText(), timeout=WAIT_MS)
-    window._on_plan(window.session.state)
+    # the plan's part follows the plan once the budget rests
+    window.set_budget(window.session.floor_bytes)
+    qtbot.waitUntil(lambda: window.session.state.complete and "This plan: peak "
+                    f"{format_bytes(window.session.state.plan.predicted_peak_bytes)}" in window.inspector.toPlainText(),
+                    timeout=WAIT_MS)
     text = window.inspector.toPlainText()
     assert "The floor is " in text and "checkpointing cannot go below it" in text
     assert f"This plan: peak {format_bytes(window.session.state.plan.predicted_peak_bytes)}" in text

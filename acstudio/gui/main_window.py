@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark fi
 
 MAX_RECENT = 8
 MAX_COLUMN_PX = 280
+INSPECTOR_DELAY_MS = 150  # the inspector follows a plan once the budget rests this long (its layout costs a step)
 SIZE_SAMPLE_ROWS = 60  # sizing columns on all of ResNet-152's 2000 rows would take seconds
 USER_JOBS = ("load", "profile", "export", "bench")  # shown with a progress bar and Cancel
 FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
@@ -188,6 +189,10 @@ class MainWindow(QMainWindow):
         self._opening = ""
         self._waiting_first_plan = False  # a profile opened and its first plan is not complete yet
         self._inspector_html = ""
+        self._inspector_timer = QTimer(self)
+        self._inspector_timer.setSingleShot(True)
+        self._inspector_timer.setInterval(INSPECTOR_DELAY_MS)
+        self._inspector_timer.timeout.connect(self._refresh_inspector)
         self._build_menus()
         self._restore_layout()
 
@@ -244,7 +249,8 @@ class MainWindow(QMainWindow):
         current one."""
         self._opening = str(path)
         self.show_status(f"Opening {path}…")
-        self.runners["load"].submit(partial(open_document, str(path), self.session.loaded))
+        self.runners["load"].submit(partial(open_document, str(path), self.session.loaded,
+                                            cache_dir=self.graph.cache_dir))
 
     def _on_opened(self, result: Loaded | Plan | BenchResults) -> None:
         self._remember(self._opening)
@@ -433,13 +439,13 @@ class MainWindow(QMainWindow):
                                     len(plan.recomputed), candidates, plan.feasible, how)
         self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)
         self.table_model.set_columns(self.session.table_columns(state))
-        self._refresh_inspector()
+        self._inspector_timer.start()
         self._update_actions()
         if state.complete:
             self._after_first_plan()
 
     def _on_simulated(self, _state: PlanState) -> None:
-        self._refresh_inspector()
+        self._inspector_timer.start()
         self._after_first_plan()
 
     def _refresh_inspector(self) -> None:
@@ -452,6 +458,7 @@ class MainWindow(QMainWindow):
             self._show_html(self._profile_html(self.session.loaded))
 
     def _show_html(self, text: str) -> None:
+        self._inspector_timer.stop()
         if text != self._inspector_html:  # setHtml lays the whole document out again: a few ms
             self._inspector_html = text
             self.inspector.setHtml(text)
@@ -673,14 +680,15 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
-        """Process events until no job is running (``--screenshot`` and tests)."""
+        """Process events until no job is running and the inspector shows the current plan (``--screenshot``
+        and tests)."""
         from PySide6.QtWidgets import QApplication
 
         deadline = time.monotonic() + timeout_s
         runners = [*self.runners.values(), self.session.plan_runner, self.session.faster_runner, self.graph.runner]
         while time.monotonic() < deadline:
             QApplication.processEvents()
-            if not any(r.busy for r in runners):
+            if not any(r.busy for r in runners) and not self._inspector_timer.isActive():
                 QApplication.processEvents()
                 return True
             time.sleep(0.005)

@@ -82,7 +82,7 @@ class PlanState:
 
 
 def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
-            cancel: CancelToken | None = None) -> Loaded:
+            cancel: CancelToken | None = None, *, cache_dir: str | None = None) -> Loaded:
     """Simulator, μ-TWO trajectory, module tree and tables of ``profile`` (the slow part of opening a file)."""
     report(progress, 0, 3, "simulating the iteration")
     simulator = Simulator(profile)
@@ -94,7 +94,7 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     template = traj.plan_for_budget(simulator.baseline_peak)
     tree = ModuleTree(profile)
     # the graph's first picture is made here, off the GUI thread, so it is drawn the moment the file opens
-    first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS])
+    first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS], cache_dir)
     report(progress, 3, 3, "ready")
     return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, trajectory=traj,
                   tree=tree, baseline=baseline, template=template, table=activation_table(profile),
@@ -102,8 +102,9 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
 
 
 def open_document(path: str, current: Loaded | None, progress: ProgressFn | None = None,
-                  cancel: CancelToken | None = None) -> Loaded | Plan | BenchResults:
-    """A profile (prepared) or, if a profile is open, a plan made for it or benchmark results of its workload."""
+                  cancel: CancelToken | None = None, *, cache_dir: str | None = None) -> Loaded | Plan | BenchResults:
+    """A profile (prepared; ``cache_dir`` keeps graph layouts) or, if a profile is open, a plan made for it or
+    benchmark results of its workload."""
     try:
         profile = Profile.load(path)
     except WrongSchemaError as profile_error:  # another kind of document: its own loader says what is wrong
@@ -122,7 +123,7 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
         if not isinstance(found, Plan):
             check_same_workload(found, current.profile)
         return found
-    return prepare(profile, path, progress, cancel)
+    return prepare(profile, path, progress, cancel, cache_dir=cache_dir)
 
 
 def check_same_workload(results: BenchResults, profile: Profile) -> None:
