@@ -33,6 +33,11 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
+def load_average() -> str:
+    """The machine's 1, 5 and 15 minute load averages: other work on a small machine inflates every time here."""
+    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = Path(opts.profile) if opts.profile else default_profile_path()
     if profile is None:
         raise SystemExit("no profile given and no sample bundled")
-    print(f"profile: {profile}  ({os.cpu_count()} CPUs)")
+    print(f"profile: {profile}  ({os.cpu_count()} CPUs, load average {load_average()} at the start)")
     for label, wall, engine in measure_launch(profile):
         print(f"launch {label}: {wall:.2f} s to an interactive window (layout: {engine})")
     res = measure_slider(profile, opts.steps)
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(trajectory of {res['recomputed'][0]} steps)")
     for name in ("quick", "full", "stall", "cached"):
         print(summary(name, res[name]))
+    print(f"load average {load_average()} at the end")
     return 0
 
 

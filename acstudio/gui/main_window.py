@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+import sys
 import time
 from datetime import datetime
 from functools import partial
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark fi
 
 MAX_RECENT = 8
 MAX_COLUMN_PX = 280
+GIL_SWITCH_S = 0.001
 INSPECTOR_DELAY_MS = 150  # the inspector follows a plan once the budget rests this long (its layout costs a step)
 SIZE_SAMPLE_ROWS = 60  # sizing columns on all of ResNet-152's 2000 rows would take seconds
 USER_JOBS = ("load", "profile", "export", "bench")  # shown with a progress bar and Cancel
@@ -84,6 +86,9 @@ class MainWindow(QMainWindow):
                  messages: Messages | None = None, data_dir: str | None = None) -> None:
         """``cache_dir`` holds graph layouts, ``data_dir`` new profiles and benchmark results."""
         make_singletons_immortal()
+        # Planning and layout jobs are Python threads: make them hand the interpreter back to the GUI thread
+        # within a millisecond (Python's default is 5 ms, several of which add up to a visible stall in a repaint).
+        sys.setswitchinterval(GIL_SWITCH_S)
         super().__init__()
         self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
         self.setWindowTitle("AC Studio")

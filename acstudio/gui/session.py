@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark fi
     from acstudio.bench.results import BenchResults
 
 FASTER_PLAN_DELAY_MS = 300  # budget at rest this long before the shared-chain search runs
+SIMULATE_AFTER_MS = 10  # a new plan's timeline is simulated this long after the step, once it is painted
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
 # Solvers whose quick answer is read off μ-TWO's trajectory while the slider moves, refined when it rests.
 INSTANT = ("auto", "mutwo")
@@ -190,11 +191,12 @@ class Session(QObject):
         self._faster_timer.timeout.connect(self._search_faster)
         self._cache: OrderedDict[tuple[str, tuple[str, ...], bool], SimResult] = OrderedDict()
         # A new plan's timeline is simulated in the background once the step is painted: a worker thread that
-        # started at once would take the interpreter from the repaint (Python callbacks in the table and the plots).
+        # started at once would take the interpreter from the repaint (Python callbacks in the table and the plots),
+        # and a zero timer may fire before the repaint.
         self._unsimulated: Plan | None = None
         self._simulate_soon = QTimer(self)
         self._simulate_soon.setSingleShot(True)
-        self._simulate_soon.setInterval(0)
+        self._simulate_soon.setInterval(SIMULATE_AFTER_MS)
         self._simulate_soon.timeout.connect(self._simulate_pending)
 
     # -- profile ---------------------------------------------------------------------------------------------
