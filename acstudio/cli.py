@@ -154,8 +154,9 @@ def cmd_plan(args) -> int:
     profile = per_rank(Profile.load(args.profile), args)
     sim = Simulator(profile, keep_random=args.keep_random)
     ctx = PlanContext(profile, sim)
-    print(f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
-          f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(ctx.floor_bytes)}")
+    # Files are written before anything is printed, so a reader closing stdout early (`| head`) costs no file.
+    header = (f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
+              f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(ctx.floor_bytes)}")
     if args.sweep:
         table = sweep(profile, progress=TerminalProgress(), cancel=args.cancel, ctx=ctx)
         if args.out:
@@ -164,6 +165,7 @@ def cmd_plan(args) -> int:
             write_text(args.out, table.to_csv(index=False))
         if not args.all_rows:
             table = thin_curve(table, "mutwo", points=12)
+        print(header)
         table = table.copy()
         for col in ("budget_bytes", "peak_bytes"):
             if col in table:
@@ -178,13 +180,14 @@ def cmd_plan(args) -> int:
         raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
     result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
-    written = []  # files first, so that a reader closing stdout early (`| head`) costs no file
+    written = []
     if args.out:
         result.save(args.out)
         written.append(f"saved {args.out}")
     if args.schedule:
         written += [f"wrote {path}" for path in result.export_schedule(args.schedule)]
     state = "fits" if result.feasible else "INFEASIBLE"
+    print(header)
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
           f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
@@ -406,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     except Cancelled as exc:
         print(f"acstudio: {exc}", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader (`acstudio plan ... | head`) has what it wanted; files were written before printing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        return 0
     except Exception as exc:
         if args.debug:
             traceback.print_exc()

@@ -84,12 +84,19 @@ def prepare_output_dir(path: str | os.PathLike, *, force: bool = False,
                               "as a whole — give a new folder name, e.g. --out exported/")
     check_writable(target, folder=True)
     _check_place(target, _nearest_existing(resolved.parent))
-    if force or not target.is_dir() or not any(target.iterdir()):
-        return
-    if any(_is_document(target / name, schema) for name, schema in markers.items()):
+    if force or replaceable_dir(target, markers):
         return
     raise OutputPathError(f"{target} is a non-empty folder that AC Studio did not write, and exporting replaces "
                           "the folder as a whole — give a new folder name, or --force to replace it")
+
+
+def replaceable_dir(path: str | os.PathLike, markers: Mapping[str, str]) -> bool:
+    """Whether writing ``path`` as a whole loses nothing: it is absent, empty, or one of its ``markers`` files is
+    a document of the schema named beside it (an earlier output of ours)."""
+    target = Path(path)
+    if not target.is_dir() or not any(target.iterdir()):
+        return True
+    return any(_is_document(target / name, schema) for name, schema in markers.items())
 
 
 def _is_document(path: Path, schema: str) -> bool:

@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | gpt2 | llama | resnet | verify (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
+#   PART: bert | bert32 | gpt2 | llama | resnet | verify (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
 set -u
@@ -33,6 +33,10 @@ run() {  # run NAME TIMEOUT_S BENCH_ARGS...: one bench into /tmp/NAME, its bench
 case $part in
 bert)  # about 7.5 min
   run bert_bs16_transformers 530 bert -b 16 --configs "$peers,$ours,$ours_compiled" $steps
+  ;;
+bert32)  # about 2 min: BERT at batch 32 against the eager peers only (no compiled rows)
+  run bert_bs32_transformers 400 bert -b 32 \
+    --configs eager,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op $steps
   ;;
 gpt2)  # about 7.5 min
   run gpt2_bs16_transformers 530 gpt2 -b 16 --configs "$peers,$ours,$ours_compiled" $steps

@@ -191,6 +191,25 @@ def test_export_replaces_only_its_own_folders(workdir, capsys):
     capsys.readouterr()
 
 
+def test_a_picked_folder_of_other_files_gets_a_new_export_folder_inside(tmp_path):
+    from acstudio.export.exporter import export_folder_in
+
+    picked = tmp_path / "projects"
+    assert export_folder_in(picked, "plan") == picked  # absent: written as it is
+    picked.mkdir()
+    assert export_folder_in(picked, "plan") == picked  # empty
+    (picked / "notes.txt").write_text("mine")
+    assert export_folder_in(picked, "plan") == picked / "plan"
+    (picked / "plan").mkdir()
+    (picked / "plan" / "data.csv").write_text("theirs")
+    assert export_folder_in(picked, "plan") == picked / "plan-2"  # taken by someone else's files
+    profile = Profile.load(SAMPLE)
+    make_plan(profile, int(0.9 * profile.peak_bytes)).save(tmp_path / "p.json")
+    assert main(["export", str(SAMPLE), "--plan", str(tmp_path / "p.json"), "--out", str(picked / "plan-2")]) == 0
+    assert export_folder_in(picked, "plan") == picked / "plan-2"  # an earlier export: replaced
+    assert export_folder_in(picked / "plan-2", "plan") == picked / "plan-2"
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -207,3 +226,17 @@ def test_an_export_folder_is_known_by_any_of_its_markers(tmp_path, monkeypatch):
     with pytest.raises(OutputPathError, match="did not write"):
         prepare_output_dir(folder)  # without that marker it is somebody else's
     assert (folder / "sac_policy.json").is_file()
+
+
+def test_a_reader_that_stops_early_is_not_an_error(tmp_path):
+    """`acstudio plan ... --out p.json | head -1`: the plan file is written, and no error line or status follows."""
+    import subprocess
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is printed
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "acstudio", "plan", str(SAMPLE), "--budget", "90%", "--out", str(out)],
+                          stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert Profile.load(SAMPLE).fingerprint == json.loads(out.read_text())["profile_fingerprint"]

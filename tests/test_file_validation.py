@@ -97,12 +97,21 @@ def test_a_corrupt_profile_is_refused_with_one_line(sample, tmp_path, case):
 
 def test_saved_profiles_carry_their_fingerprint_and_old_ones_still_load(sample, tmp_path):
     doc, profile, _ = sample
-    assert "fingerprint" not in doc  # the bundled sample predates it
+    assert doc["fingerprint"] == profile.fingerprint
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({k: v for k, v in doc.items() if k != "fingerprint"}))  # written before it was stored
+    assert Profile.load(old).to_dict() == profile.to_dict()
     profile.save(tmp_path / "p.json.gz")
     saved = json.loads(gzip.decompress((tmp_path / "p.json.gz").read_bytes()))
     assert saved["fingerprint"] == profile.fingerprint
     again = Profile.load(tmp_path / "p.json.gz")
     assert again.to_dict() == profile.to_dict() and again.nodes == profile.nodes
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.json.gz")), ids=lambda p: p.name.partition(".")[0])
+def test_every_bundled_sample_stores_the_fingerprint_of_its_graph(path):
+    doc = read_document(path, SCHEMA, SCHEMA_VERSION)
+    assert doc["fingerprint"] == Profile.load(path).fingerprint
 
 
 def test_field_paths_name_row_columns():
@@ -238,8 +247,9 @@ def test_loading_and_validating_the_6814_node_sample_takes_under_a_second():
 def test_an_old_profile_with_an_edited_graph_fails_to_rebuild_with_one_line(sample):
     from acstudio.capture.serialize import deserialize_step
 
-    doc, _, _ = sample  # no stored fingerprint: the edit cannot be seen on load
+    doc, _, _ = sample
     bad = json.loads(json.dumps(doc))
+    del bad["fingerprint"]  # written before it was stored: the edit cannot be seen on load
     k = next(i for i, g in enumerate(bad["graph"]["nodes"]) if g["op"] == "call_function")
     bad["graph"]["nodes"][k]["kwargs"]["dtype"] = {"$dtype": "float99"}
     profile = Profile.from_dict(bad)

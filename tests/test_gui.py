@@ -354,6 +354,24 @@ def test_export_writes_files_that_load_back(qtbot, window, tiny_profile_path, tm
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def test_exporting_into_a_folder_of_other_files_makes_a_new_folder_inside(qtbot, window, tiny_profile_path,
+                                                                          tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    open_and_wait(qtbot, window, tiny_profile_path)
+    picked = tmp_path / "projects"
+    picked.mkdir()
+    (picked / "notes.txt").write_text("mine")
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *args: str(picked))
+    for _ in range(2):  # the second export of the same plan replaces the first one's folder, nothing else
+        with qtbot.waitSignal(window.runners["export"].resultReady, timeout=60_000) as blocker:
+            window.export_dialog()
+    folder = picked / window.export_name()
+    assert {Path(p).parent for p in blocker.args[0]} == {folder} and (folder / "manifest.json").is_file()
+    assert sorted(p.name for p in picked.iterdir()) == sorted(["notes.txt", folder.name])
+    assert (picked / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("kind", ["garbage", "wrong_version", "plan_without_profile"])
 def test_bad_files_show_an_error_and_keep_what_is_loaded(qtbot, window, tiny_profile_path, tmp_path, kind):
     if kind != "plan_without_profile":

@@ -5,7 +5,8 @@ Every block the plan frees something in is wrapped in a non-reentrant ``torch.ut
 ops whose outputs the plan keeps, ``MUST_RECOMPUTE`` for those it frees. ``MUST_*`` decisions are binding for
 ``torch.compile``'s partitioner too, so a compiled model follows the plan instead of solving again. The RNG state
 is preserved (non-reentrant checkpoint's ``preserve_rng_state``; under compile, Inductor's RNG functionalization),
-and ops that draw random numbers are always saved, so a replay never draws again.
+and a block's random ops are all saved or all recomputed, so a replay draws exactly what forward drew. A replay
+leaves the block's buffers as forward left them, so training-mode BatchNorm is recomputed without a second update.
 
 The wrapper changes no parameter, buffer or name: ``state_dict``, optimizers, FSDP2's ``fully_shard`` and DDP see
 the same model.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,13 +27,18 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from acstudio.capture.analysis import BATCH_NORM_OPS
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
 # Overloads that stand for the same computation in make_fx's capture, eager and torch.compile's trace
 # (``torch.tensor`` in a forward: lift_fresh; ``matmul``'s reshape: _unsafe_view in eager, view when compiled).
-_SAME_AS = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default", "aten._unsafe_view.default": "aten.view.default"}
+# Training-mode BatchNorm is one op under as many names as backends: make_fx on CPU records native_batch_norm,
+# eager CUDA runs cudnn_batch_norm, and torch.compile traces _native_batch_norm_legit(_functional).
+_BATCH_NORM = "batch_norm (training)"
+_SAME_AS = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default", "aten._unsafe_view.default": "aten.view.default",
+            **dict.fromkeys([*BATCH_NORM_OPS, "aten._native_batch_norm_legit_functional.default"], _BATCH_NORM)}
 
 
 def canonical(op: str) -> str:
@@ -95,11 +102,35 @@ class BlockPolicy:
         self.position += 1
 
 
-def _contexts(block: str, ops: list[OpDecision], policies: list[BlockPolicy]):
-    """``context_fn`` of one checkpoint call: a fresh policy (its own counters) in SAC's two contexts."""
+@contextmanager
+def _buffers_restored(module: torch.nn.Module, recompute_context):
+    """SAC's recompute context, after which the block's buffers hold what forward left in them.
+
+    A replayed training-mode BatchNorm updates its running statistics a second time (torch.utils.checkpoint
+    leaves that to the user); its output does not depend on them, so putting them back makes the replay exact.
+    """
+    buffers = [b for b in module.buffers() if b is not None]
+    saved = [b.clone() for b in buffers]
+    try:
+        with recompute_context:
+            yield
+    finally:  # also when the replay stops early, as non-reentrant checkpoint does once it has what it needs
+        with torch.no_grad():
+            for b, s in zip(buffers, saved, strict=True):
+                b.copy_(s)
+
+
+def _contexts(block: str, module: torch.nn.Module, ops: list[OpDecision], policies: list[BlockPolicy]):
+    """``context_fn`` of one checkpoint call: a fresh policy (its own counters) in SAC's two contexts.
+
+    Under torch.compile the partitioner recomputes the functional ops only and mutates buffers once, in forward,
+    so the buffers are restored in eager only."""
     policy = BlockPolicy(block, ops)
     policies.append(policy)
-    return create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
+    forward_context, recompute_context = create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
+    if torch.compiler.is_compiling():
+        return forward_context, recompute_context
+    return forward_context, _buffers_restored(module, recompute_context)
 
 
 def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> None:
@@ -109,7 +140,7 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> No
     policies: list[BlockPolicy] = []
 
     def context_fn():  # a plain function: torch.compile keeps it as a constant and calls it when tracing
-        return _contexts(block, ops, policies)
+        return _contexts(block, module, ops, policies)
 
     def forward(*args, **kwargs):
         out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import sys
 import time
 from datetime import datetime
@@ -576,9 +577,17 @@ class MainWindow(QMainWindow):
         self.show_status(f"Plan saved to {path}")
 
     def export_dialog(self) -> None:
+        from acstudio.export.exporter import export_folder_in
+
         path = QFileDialog.getExistingDirectory(self, "Export into folder", self._last_dir())
         if path:
-            self.export_to(path)
+            self.export_to(str(export_folder_in(path, self.export_name())))
+
+    def export_name(self) -> str:
+        """A folder name for the current plan, e.g. ``bert_bs16_plan_4603MiB``."""
+        workload = self.session.loaded.profile.workload
+        model = re.sub(r"[^\w.-]+", "_", str(workload["model"]).rpartition(":")[2] or "model")
+        return f"{model}_bs{workload['batch_size']}_plan_{self.session.state.plan.budget_bytes // 2**20}MiB"
 
     def export_to(self, out_dir: str) -> None:
         """Schedule, rewritten module and report for the current plan, written in the background."""

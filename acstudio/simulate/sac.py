@@ -4,12 +4,15 @@
 non-reentrant ``torch.utils.checkpoint`` whose policy saves or recomputes whole *ops*. That form differs from
 the rewritten graph's in three ways, all simulated here:
 
-* **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when
-  any storage it writes is kept, and always when it draws random numbers, updates module state (BatchNorm
-  running statistics, ``num_batches_tracked``) or reads a value that an in-place op overwrites later in forward
-  (a replay would read the new value). Everything else is recomputed (``MUST_RECOMPUTE``). So an activation the
-  plan frees stays in memory when its op also writes a kept storage, and activations that leave their block
-  (the next block's input) are always kept: the checkpoint's caller holds them.
+* **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when any
+  storage it writes is kept, and always when it updates module state in place (``num_batches_tracked += 1``) or
+  reads a value that an in-place op overwrites later in forward and that the replay does not recompute (it would
+  read the new value); a block's random ops are all saved or all recomputed (the replay draws from the generator
+  state the block started with). Everything else is recomputed (``MUST_RECOMPUTE``), training-mode BatchNorm
+  included: its output does not depend on the running statistics, and ``apply_plan`` puts the block's buffers back
+  after each replay, so they are updated once, as in eager. So an activation the plan frees stays in memory when its
+  op also writes a kept storage, and activations that leave their block (the next block's input) are always kept:
+  the checkpoint's caller holds them.
 * **One replay per block, at the first backward use of anything the block saved**, i.e. the first backward node
   that reads a forward value of the block. It reruns the block's forward up to the last value backward reads
   (non-reentrant checkpoint's early stop), serving saved ops from the cache, and produces *every* activation
@@ -31,16 +34,13 @@ from functools import cached_property
 
 import numpy as np
 
+from acstudio.capture.analysis import BATCH_NORM_OPS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import ReplayMode, register_mode
 from acstudio.simulate.replay import FORWARD_REGIONS, Replay
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
 
-# Ops that update running statistics; SAC cannot replay them without a second update, so they are saved.
-STATEFUL_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default",
-                "aten._native_batch_norm_legit.default", "aten.miopen_batch_norm.default",
-                "aten._batch_norm_with_update.default"}
 SAVE = "save"
 RECOMPUTE = "recompute"
 
@@ -65,8 +65,9 @@ def cache_memory(sim: Simulator, schedule: SacSchedule) -> tuple[np.ndarray, np.
 
 
 def evaluate_sac(sim: Simulator, schedule: SacSchedule, timeline: bool = False):
-    """:func:`~acstudio.simulate.shared.evaluate_shared` with the cached non-activation outputs added."""
-    return evaluate_shared(sim, schedule, timeline, extra=cache_memory(sim, schedule))
+    """:func:`~acstudio.simulate.shared.evaluate_shared` with the cached non-activation outputs added, and no
+    generator state per random op: the checkpoint keeps one per block (16 bytes on CUDA), not counted."""
+    return evaluate_shared(sim, schedule, timeline, extra=cache_memory(sim, schedule), rng_states=False)
 
 
 class SacBlocks:
@@ -101,8 +102,14 @@ class SacBlocks:
         self.writes = {i: sorted({rg.act_index[s] for s in [*created.get(i, []), nodes[i].storage]
                                   if s in rg.act_index}) for i in fw}
         inputs = [[index[u] for u in nd.inputs] for nd in nodes]
-        stale = rg._stale
-        self.forced = {i: self._forced_reason(nodes[i], [stale[u] for u in inputs[i]]) for i in fw}
+        self.forced = {i: self._forced_reason(rg._verdict[i]) for i in fw}
+        draws = set(rg.rng_nodes.tolist())
+        self.random_ops = {b: [i for i in ops if i in draws] for b, ops in self.fw_nodes.items()}
+        # Inputs each forward op reads that an in-place op overwrites later in forward. A replay reads them right
+        # only if it recomputes them too (see decide). BatchNorm reads the running statistics it updates only to
+        # update them, so it may read them updated.
+        self.stale_reads = {i: [u for u in inputs[i] if rg._stale[u]] if nodes[i].target not in BATCH_NORM_OPS
+                            else [] for i in fw}
         # First backward node reading a forward value of each block; last forward node backward reads.
         self.replay_at: dict[str, int] = {}
         self.stop: dict[str, int] = {}
@@ -126,13 +133,11 @@ class SacBlocks:
         self.inputs = inputs
 
     @staticmethod
-    def _forced_reason(node, reads_stale: list[bool]) -> str:
-        if node.replay.startswith("random"):
+    def _forced_reason(verdict: str) -> str:
+        if verdict.startswith("random"):  # a draw that may not be repeated (--keep-random)
             return "draws random numbers"
-        if node.replay.startswith("mutates") or node.target in STATEFUL_OPS:
+        if verdict.startswith("mutates"):
             return "updates module state"
-        if any(reads_stale):
-            return "reads a value overwritten later in forward"
         return ""
 
     @cached_property
@@ -150,18 +155,29 @@ class SacBlocks:
     def decide(self, recomputed: Collection[int]) -> tuple[dict[int, str], np.ndarray]:
         """(decision per forward op of a block, mask of the activations the SAC form really frees).
 
-        Fixed point: an op that writes a kept activation is saved, which keeps everything else it writes.
+        Fixed point: an op that writes a kept activation is saved, which keeps everything else it writes. An op
+        that reads a value overwritten in place later in forward is saved unless the replay recomputes that value
+        too (SAC would serve the overwritten one from its cache, or the caller holds it). A block's random ops are
+        all saved or all recomputed: the checkpoint replays from the generator state the block started with, so
+        the replay draws what forward drew only if it runs every draw forward ran.
         """
         n_act = len(self.sim.replay.bytes)
         freed = np.zeros(n_act, dtype=bool)
         freed[list(recomputed)] = True
         freed &= self.freeable
+        random_saved: set[str] = set()  # blocks whose random ops are all saved
         while True:
-            save = {i: bool(self.forced[i]) or any(not freed[k] for k in self.writes[i])
-                    for b in self.blocks for i in self.fw_nodes[b]}
+            save: dict[int, bool] = {}
+            for b in self.blocks:
+                for i in self.fw_nodes[b]:  # forward order: what i reads is decided before i
+                    save[i] = (bool(self.forced[i]) or any(not freed[k] for k in self.writes[i])
+                               or any(self.block[u] != b or save.get(u, True) for u in self.stale_reads[i])
+                               or (b in random_saved and i in self.random_ops[b]))
+            newly = {b for b in self.blocks if b not in random_saved and any(save[i] for i in self.random_ops[b])}
             kept = [k for i, s in save.items() if s for k in self.writes[i] if freed[k]]
-            if not kept:
+            if not kept and not newly:
                 return {i: SAVE if s else RECOMPUTE for i, s in save.items()}, freed
+            random_saved |= newly
             freed[kept] = False
 
     def schedule(self, recomputed: Collection[int]) -> SharedSchedule:

@@ -91,13 +91,14 @@ def shared_schedule(sim: Simulator, recomputed: Collection[int]) -> SharedSchedu
 
 
 def evaluate_shared(sim: Simulator, schedule: SharedSchedule, timeline: bool = False,
-                    extra: tuple[np.ndarray, np.ndarray] | None = None):
+                    extra: tuple[np.ndarray, np.ndarray] | None = None, rng_states: bool = True):
     """Peak (bytes, node position, whether during a replay before that node) of a shared schedule, and with
     ``timeline`` the per-node category table (as :meth:`Simulator.evaluate`). ``extra``: bytes held during and
-    just before each node besides the activations (counted as activations)."""
+    just before each node besides the activations (counted as activations); ``rng_states``: see
+    :meth:`Simulator.activation_memory`."""
     rg = sim.replay
     mask = schedule.back >= 0
-    acts_node, acts_between = sim.activation_memory(mask, schedule.keep_until, schedule.back)
+    acts_node, acts_between = sim.activation_memory(mask, schedule.keep_until, schedule.back, rng_states)
     if extra is not None:
         acts_node, acts_between = acts_node + extra[0], acts_between + extra[1]
     at = np.array([r.at for r in schedule.replays], dtype=np.int64)

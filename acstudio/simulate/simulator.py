@@ -159,14 +159,15 @@ class Simulator:
         return exps, keep_until, transient
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def activation_memory(self, mask: np.ndarray, keep_until: np.ndarray, back: np.ndarray | None = None
-                          ) -> tuple[np.ndarray, np.ndarray]:
+    def activation_memory(self, mask: np.ndarray, keep_until: np.ndarray, back: np.ndarray | None = None,
+                          rng_states: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Bytes of activations in memory during each node and just before it, for a recompute set.
 
         ``mask``: recomputed activations; ``keep_until``: for retained activations read by a recomputation,
         the latest node before which such a recomputation runs (-1: none); ``back``: the node before which each
         recomputed activation is back in memory (default: its first backward use; earlier for an activation a
-        shared chain produces, see :mod:`acstudio.simulate.shared`).
+        shared chain produces, see :mod:`acstudio.simulate.shared`). ``rng_states``: count the generator state
+        the rewritten graph saves before each replayed random op.
         """
         rg = self.replay
         ret = ~mask
@@ -182,7 +183,7 @@ class Simulator:
         acts_between = np.zeros(self.n, dtype=np.int64)
         acts_node[lo:lo + width] = self._span(starts, np.concatenate([node_end, e[rc]]) - lo, weights, width)
         acts_between[lo:lo + width] = self._span(starts + 1, np.concatenate([bnd_end, e[rc]]) - lo, weights, width)
-        if rc.size and rg.rng_nodes.size:
+        if rng_states and rc.size and rg.rng_nodes.size:
             # Generator states saved in forward for replayed random ops, kept until their last replay has run.
             r, end = rg.rng_spans(mask, f_bw)
             state = np.full(len(r), rg.rng_state_bytes, dtype=np.int64)
