@@ -15,6 +15,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from acstudio.capture.replay_rules import (  # noqa: F401 - re-exported: the capture's own vocabulary
+    BATCH_NORM_OPS,
     DROPOUT_MASK_REASON,
     DROPOUT_OPS,
     NO_GENERATOR_REASON,
@@ -29,10 +30,6 @@ from acstudio.errors import ProfileFileError
 from acstudio.profile.model import ActivationRecord, NodeRecord, TensorRecord
 
 SLOT_CATEGORY = {"param": "parameter", "buffer": "buffer", "opt_state": "optimizer_state", "batch": "input"}
-# Ops that update BatchNorm running statistics: replaying them is safe once the rewriter drops the update.
-BATCH_NORM_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default",
-                  "aten._native_batch_norm_legit.default", "aten.miopen_batch_norm.default",
-                  "aten._batch_norm_with_update.default"}
 HOST_SYNC_OPS = {"aten._local_scalar_dense.default", "aten.item.default"}
 
 

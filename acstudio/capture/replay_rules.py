@@ -35,6 +35,10 @@ RANDOM_OP_NAMES = frozenset({
     "rrelu_with_noise_functional", "scaled_dot_product_attention", "uniform", "uniform_",
 })
 
+# Ops that update BatchNorm running statistics: replaying them is safe once the rewriter drops the update.
+BATCH_NORM_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default",
+                  "aten._native_batch_norm_legit.default", "aten.miopen_batch_norm.default",
+                  "aten._batch_norm_with_update.default"}
 # Random ops (tagged ``nondeterministic_seeded``) that draw numbers are replayed with the generator state their
 # forward drew with (see acstudio.rewrite.rewriter), so by default they are recomputable like any other op.
 # ``keep_random`` (``--keep-random``) restores the older rule: a random draw is never repeated. Under it,
