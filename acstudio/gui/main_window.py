@@ -699,7 +699,7 @@ class MainWindow(QMainWindow):
         from PySide6.QtWidgets import QApplication
 
         deadline = time.monotonic() + timeout_s
-        runners = [*self.runners.values(), self.session.plan_runner, self.session.faster_runner, self.graph.runner]
+        runners = [*self.runners.values(), self.session, self.graph.runner]
         while time.monotonic() < deadline:
             QApplication.processEvents()
             if not any(r.busy for r in runners) and not self._inspector_timer.isActive():

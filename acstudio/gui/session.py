@@ -269,6 +269,11 @@ class Session(QObject):
             self._simulate_soon.start()
         self.planChanged.emit(self.state)
 
+    @property
+    def busy(self) -> bool:
+        """A plan is being made or simulated, or is about to be."""
+        return self.plan_runner.busy or self.faster_runner.busy or self._simulate_soon.isActive()
+
     def _simulate_pending(self) -> None:
         if self._unsimulated is not None and self.loaded is not None:
             self.plan_runner.submit(partial(simulated, self.loaded, self._unsimulated))
