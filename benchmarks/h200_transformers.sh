@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | resnet | verify (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
+#   PART: bert | bert32 | gpt2 | llama | resnet | sac | verify (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
 set -u
@@ -47,6 +47,12 @@ llama)  # about 7 min
 resnet)  # about 6 min: the per-block row again (no regression), compile@0.5 and our SAC form at its peak
   run resnet152_bs64_sac 530 resnet152 -b 64 \
     --configs eager,per-block,rewritten@per-block,compile,compile@0.5,sac+compile@compile@0.5 $steps
+  ;;
+sac)  # about 9 min: the SAC form again now that it recomputes BatchNorm and groups a block's random draws
+  run bert_bs16_sac 270 bert -b 16 \
+    --configs per-block,compile,compile+per-block,sac@per-block,sac+compile@compile+per-block $steps
+  run resnet152_bs64_sac_bn 270 resnet152 -b 64 \
+    --configs per-block,rewritten@per-block,compile,compile@0.5,sac@per-block*1.03,sac+compile@compile@0.5 $steps
   ;;
 dist)  # about 5 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per rank; and 1 GPU on all 16
   run llama_bs8x2_dist 420 $llama -b 8 --nproc 2 \

@@ -195,9 +195,11 @@ def test_real_profile_end_to_end(tmp_path):
     assert any(d.startswith("not a candidate: ") and "random" in d for d in kept.decisions(p).values())
     pl.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json", profile=p).recomputed == pl.recomputed
-    table = sweep(p, simulator=sim, milp_points=1)  # near the floor the MILP can take minutes
-    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp"}
+    table = sweep(p, simulator=sim, milp_points=3)  # both programs at the top, middle and floor: seconds
+    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp",
+                                 "milp-bound"}
     milp = table[table.solver == "milp"]
+    assert len(milp) == 3 and milp.optimal.all()
     assert (milp.extra_ms <= milp.mutwo_extra_ms + 1e-9).all() and (milp.gap >= -1e-9).all()
 
 

@@ -77,14 +77,69 @@ def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = N
     return trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
 
 
-@solver("milp", "exact optimum under μ-TWO's replay model (small graphs)")
-def solve_milp(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+# Time limits of the programs: a plan asked for on its own, and each point of a sweep. Sweeps (the GUI's Pareto
+# chart runs one in the background) leave the programs out past BERT-size graphs: ResNet-152 takes minutes.
+MILP_TIME_LIMIT_S = 60.0
+SWEEP_MILP_TIME_LIMIT_S = 20.0
+SWEEP_MILP_MAX_CANDIDATES = 400
+
+
+def exact_milp(ctx: PlanContext, budget: int, time_limit_s: float = MILP_TIME_LIMIT_S,
+               cancel: CancelToken | None = None):
+    """:func:`~acstudio.plan.milp.exact_recompute_set` with μ-TWO's plan as the incumbent (what it answers
+    with, and a bound on, if the time limit stops it first)."""
     from acstudio.plan.milp import exact_recompute_set  # scipy.optimize: imported only when used
 
-    chosen, status = exact_recompute_set(ctx, budget, cancel=cancel)
-    if chosen is None:
-        return ctx.plan_for_set("milp", budget, [], f"no recompute set fits: {status}")
-    return ctx.plan_for_set("milp", budget, chosen, BASELINE_FITS if not chosen else f"{BUDGET_MET} (optimal)")
+    mu = trajectory(ctx, cancel=cancel).plan_for_budget(budget)
+    incumbent = [ctx.rg.act_index[a] for a in mu.recomputed] if mu.feasible else None
+    return exact_recompute_set(ctx, budget, time_limit_s=time_limit_s, incumbent=incumbent, cancel=cancel)
+
+
+@solver("milp", "exact optimum under μ-TWO's replay model; past its time limit μ-TWO's plan with a proven bound")
+def solve_milp(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    return milp_plan(ctx, budget, exact_milp(ctx, budget, cancel=cancel))
+
+
+def milp_plan(ctx: PlanContext, budget: int, result) -> Plan:
+    """The plan of an :class:`~acstudio.plan.milp.MilpResult`; its reason says how it stopped and the bound."""
+    if result.chosen is None:
+        return ctx.plan_for_set("milp", budget, [], f"no recompute set fits: {result.status}")
+    if not result.chosen:
+        return ctx.plan_for_set("milp", budget, [], BASELINE_FITS)
+    return ctx.plan_for_set("milp", budget, result.chosen,
+                            f"{BUDGET_MET} ({result.status}; lower bound {result.lower_bound_ms:.3f} ms)")
+
+
+@solver("milp-bound", "the fastest plan known (auto's, milp's, the shared-mode bound's own) and a lower bound on "
+                      "every plan's time in both replay modes auto plans in")
+def solve_milp_bound(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    return bounded_plan(ctx, budget, cancel)[0]
+
+
+def bounded_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
+                 time_limit_s: float = MILP_TIME_LIMIT_S, auto: Plan | None = None, exact=None) -> tuple[Plan, float]:
+    """``milp-bound``'s plan and the lower bound (ms) on the extra time of every plan that fits ``budget`` in
+    replay mode "again" or "shared": the smaller of the two programs' bounds (``auto``: auto's plan, ``exact``:
+    :func:`exact_milp`'s result at ``budget``, if the caller has them)."""
+    from acstudio.plan.milp import shared_bound
+
+    exact = exact or exact_milp(ctx, budget, time_limit_s, cancel)
+    shared = shared_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
+    plans = [auto or solve_auto(ctx, budget, cancel=cancel)]
+    if exact.chosen:
+        plans.append(ctx.plan_for_set("milp-bound", budget, exact.chosen))
+    if shared.chosen:
+        plans.append(ctx.plan_for_set("milp-bound", budget, shared.chosen, mode="shared"))
+    best = best_of(plans)
+    lower = min(exact.lower_bound_ms, shared.lower_bound_ms)
+    if not best.feasible:
+        why = best.stop_reason
+    elif lower > 1e-12:
+        why = (f"{best.stop_reason}; every plan that fits needs at least {lower:.3f} ms, this one is within "
+               f"{best.predicted_extra_ms / lower - 1:.1%} of that")
+    else:
+        why = best.stop_reason
+    return dataclasses.replace(best, solver="milp-bound", stop_reason=why), lower
 
 
 @solver("blocks", "shared-chain search over the repeated blocks: per-block checkpointing, then keep back what "
@@ -196,15 +251,16 @@ def plan(profile: Profile, budget_bytes: int, solver: str = "auto", simulator: S
 
 def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: Simulator | None = None,
           milp_points: int = 6, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
-          ctx: PlanContext | None = None) -> pd.DataFrame:
+          ctx: PlanContext | None = None, milp_time_s: float = SWEEP_MILP_TIME_LIMIT_S) -> pd.DataFrame:
     """Pareto table of every solver under the same simulator: one row per (solver, operating point).
 
     μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the block search
     states spread along its sequence (shared chains), the fixed baselines
     one row per replay mode (their budget is their own peak; ``note`` marks the mode their real counterpart runs
-    in), ``auto`` the lower envelope of all those points, and ``milp`` the exact optimum at up to ``milp_points``
-    budgets taken from the μ-TWO curve, with μ-TWO's optimality gap ``mutwo_extra_ms / extra_ms - 1`` there.
-    Profiles too large for the MILP get a row saying so.
+    in), ``auto`` the lower envelope of all those points, and at up to ``milp_points`` budgets taken from the μ-TWO
+    curve: ``milp``, the exact optimum in μ-TWO's mode (or, past its time limit, μ-TWO's plan and a lower bound),
+    with μ-TWO's optimality gap ``gap = mutwo_extra_ms / lower_bound_ms - 1`` (exact where ``optimal``), and
+    ``milp-bound``, a lower bound for every replay mode, with ``auto``'s gap at most ``gap_bound``.
     """
     ctx = ctx or PlanContext(profile, simulator)
     solvers = set(SOLVERS if solvers is None else solvers)
@@ -214,7 +270,7 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
         rows.append({"solver": solver, "budget_bytes": peak, "peak_bytes": peak, "extra_ms": extra_ms,
                      "n_recomputed": n, "replay_mode": mode, **extra})
 
-    traj = trajectory(ctx, progress, cancel) if {"mutwo", "milp", "auto"} & solvers else None
+    traj = trajectory(ctx, progress, cancel) if {"mutwo", "milp", "milp-bound", "auto"} & solvers else None
     points = []  # (peak, extra_ms, n, mode, solver) of everything auto knows
     best = None
     for j, step in enumerate(traj.steps if traj else ()):
@@ -246,8 +302,8 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
     if "auto" in solvers:
         for pk, ms, n, mode, src in pareto_front(points):
             row("auto", pk, ms, n, mode, note=f"{src}'s plan")
-    if "milp" in solvers:
-        rows.extend(_milp_rows(ctx, traj, milp_points, cancel))
+    if {"milp", "milp-bound"} & solvers:
+        rows.extend(_milp_rows(ctx, traj, milp_points, solvers, milp_time_s, cancel))
     return pd.DataFrame(rows)
 
 
@@ -260,21 +316,41 @@ def pareto_front(points: list[tuple]) -> list[tuple]:
     return front
 
 
-def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, cancel: CancelToken | None) -> list[dict]:
-    from acstudio.plan.milp import MAX_CANDIDATES
-
-    if len(ctx.rg.candidates) > MAX_CANDIDATES:
-        return [{"solver": "milp", "note": f"skipped: more than {MAX_CANDIDATES} candidates"}]
+def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Collection[str], time_s: float,
+               cancel: CancelToken | None) -> list[dict]:
+    """At ``milp_points`` budgets of μ-TWO's curve: the exact program's answer (``milp``: μ-TWO's gap against it)
+    and the bound of both modes (``milp-bound``: ``auto``'s gap is at most ``gap_bound``), each program stopped
+    after ``time_s``. Past ``SWEEP_MILP_MAX_CANDIDATES`` a row says how to get them instead."""
+    n = len(ctx.rg.candidates)
+    if n > SWEEP_MILP_MAX_CANDIDATES:
+        return [{"solver": s, "note": f"skipped: {n} candidates (sweeps run the programs up to "
+                                      f"{SWEEP_MILP_MAX_CANDIDATES}); plan one budget with --solver {s}"}
+                for s in ("milp", "milp-bound") if s in solvers]
     rows = []
     peaks = sorted({s.predicted_peak_bytes for s in traj.steps[1:]}, reverse=True)
     picks = [peaks[round(i)] for i in np.linspace(0, len(peaks) - 1, min(milp_points, len(peaks)))]
     for budget in dict.fromkeys(picks):
         check(cancel)
-        p = solve_milp(ctx, budget, cancel=cancel)
-        mu = traj.plan_for_budget(budget)
-        gap = mu.predicted_extra_ms / p.predicted_extra_ms - 1 if p.predicted_extra_ms > 0 else 0.0
-        rows.append({"solver": "milp", "budget_bytes": budget, "peak_bytes": p.predicted_peak_bytes,
-                     "extra_ms": p.predicted_extra_ms, "n_recomputed": len(p.recomputed), "replay_mode": "again",
-                     "feasible": p.feasible, "note": p.stop_reason, "mutwo_extra_ms": mu.predicted_extra_ms,
-                     "gap": gap})
+        auto = solve_auto(ctx, budget, cancel=cancel)
+        base = {"budget_bytes": budget, "auto_extra_ms": auto.predicted_extra_ms}
+        exact = exact_milp(ctx, budget, time_s, cancel)
+        if "milp" in solvers:
+            p = milp_plan(ctx, budget, exact)
+            mu = traj.plan_for_budget(budget)
+            rows.append({**base, "solver": "milp", "peak_bytes": p.predicted_peak_bytes,
+                         "extra_ms": p.predicted_extra_ms, "n_recomputed": len(p.recomputed), "replay_mode": "again",
+                         "feasible": p.feasible, "note": p.stop_reason, "optimal": exact.optimal,
+                         "lower_bound_ms": exact.lower_bound_ms, "mutwo_extra_ms": mu.predicted_extra_ms,
+                         "gap": _gap(mu.predicted_extra_ms, exact.lower_bound_ms)})
+        if "milp-bound" in solvers:
+            p, lower = bounded_plan(ctx, budget, cancel, time_s, auto, exact)
+            rows.append({**base, "solver": "milp-bound", "peak_bytes": p.predicted_peak_bytes,
+                         "extra_ms": p.predicted_extra_ms, "n_recomputed": len(p.recomputed),
+                         "replay_mode": p.replay_mode, "feasible": p.feasible, "note": p.stop_reason,
+                         "lower_bound_ms": lower, "gap_bound": _gap(auto.predicted_extra_ms, lower)})
     return rows
+
+
+def _gap(extra_ms: float, lower_ms: float) -> float:
+    """``extra / lower - 1``: how far above a proven lower bound (0 when both are 0)."""
+    return extra_ms / lower_ms - 1 if lower_ms > 1e-12 else (0.0 if extra_ms <= 1e-12 else float("inf"))
