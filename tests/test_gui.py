@@ -740,7 +740,88 @@ def test_inspector_says_what_sets_the_floor_and_the_plan_peak(qtbot, window, tin
     open_and_wait(qtbot, window, tiny_profile_path)
     window.session.select("")
     qtbot.waitUntil(lambda: window.session.state is not None and window.session.state.complete, timeout=30_000)
-    window._on_plan(window.session.state)
+    # the floor is worked out once the window is interactive, and the inspector then says it
+    qtbot.waitUntil(lambda: "The floor is " in window.inspector.toPlainText(), timeout=WAIT_MS)
+    # the plan's part follows the plan once the budget rests
+    window.set_budget(window.session.floor_bytes)
+    qtbot.waitUntil(lambda: window.session.state.complete and "This plan: peak "
+                    f"{format_bytes(window.session.state.plan.predicted_peak_bytes)}" in window.inspector.toPlainText(),
+                    timeout=WAIT_MS)
     text = window.inspector.toPlainText()
     assert "The floor is " in text and "checkpointing cannot go below it" in text
     assert f"This plan: peak {format_bytes(window.session.state.plan.predicted_peak_bytes)}" in text
+
+
+def test_table_model_announces_only_the_cells_that_change(qtbot):
+    import pandas as pd
+
+    df = pd.DataFrame({"id": list("abcdef"), "decision": ["retain"] * 6, "ms": [np.nan] * 6}, index=list("abcdef"))
+    model = DataFrameModel(df)
+    changed = []
+    model.dataChanged.connect(lambda tl, br: changed.append((tl.row(), br.row(), tl.column(), br.column())))
+    decision = np.array(["retain", "recompute", "recompute", "retain", "retain", "recompute"], dtype=object)
+    ms = np.array([np.nan, 1.5, 2.0, np.nan, np.nan, 0.5])
+    model.set_columns({"decision": decision, "ms": ms})
+    assert changed == [(1, 2, 1, 2), (5, 5, 1, 2)]  # one announcement per run of changed rows
+    assert [model.text(r, 1) for r in range(6)] == decision.tolist()
+    changed.clear()
+    model.set_columns({"decision": decision.copy(), "ms": ms.copy()})  # the same values (NaN included)
+    assert changed == []
+    decision[3] = "recompute"
+    model.set_columns({"decision": decision, "ms": ms})
+    assert changed == [(3, 3, 1, 1)]  # only the cell that changed
+
+
+def test_a_slider_step_touches_only_the_activations_whose_plan_facts_change(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    session, model = window.session, window.table_model
+    profile = session.loaded.profile
+
+    def facts(plan):
+        """Per activation: its decision, its μ-TWO step and its schedule entry (what the plan columns show)."""
+        entries = {e.activation: (e.sources, len(e.replay), e.recompute_ms, e.ratio) for e in plan.schedule}
+        steps = {a: k for k, a in enumerate(plan.recomputed)}
+        return {a: (d, steps.get(a), entries.get(a)) for a, d in plan.decisions(profile).items()}
+
+    before = facts(session.state.plan)
+    rows = []
+    model.dataChanged.connect(lambda tl, br: rows.extend(range(tl.row(), br.row() + 1)))
+    window.set_budget(session.floor_bytes)
+    after = facts(session.state.plan)
+    ids = [model.data(model.index(r, 0)) for r in range(model.rowCount())]
+    assert rows and sorted(rows) == [r for r, a in enumerate(ids) if before[a] != after[a]]
+    # and the table shows the new plan's decisions
+    assert {a: model.value(r, "decision") for r, a in enumerate(ids)} == {
+        a: d.partition(":")[0] for a, d in session.state.plan.decisions(profile).items()}
+
+
+OPEN_WITHOUT_TORCH = """
+import os, sys, time
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication
+from acstudio.gui.main_window import MainWindow
+app = QApplication([])
+settings = QSettings(os.path.join(sys.argv[2], "settings.ini"), QSettings.Format.IniFormat)
+window = MainWindow(settings=settings, cache_dir=sys.argv[2], data_dir=sys.argv[2])
+window.open_path(sys.argv[1])
+deadline = time.monotonic() + 120
+while not (window.session.state is not None and window.session.state.complete) and time.monotonic() < deadline:
+    app.processEvents()
+    time.sleep(0.01)
+assert window.session.state.complete
+print("torch imported:", "torch" in sys.modules)
+window.close()  # joins the worker threads
+"""
+
+
+def test_opening_a_profile_without_random_ops_never_imports_torch(tmp_path):
+    # importing torch takes seconds on a small machine: the window opens and plans without it
+    import subprocess
+
+    sample = Path(__file__).resolve().parents[1] / "sample_profiles" / "cpu_resnet18_bs4.json.gz"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", OPEN_WITHOUT_TORCH, str(sample), str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "torch imported: False" in out.stdout

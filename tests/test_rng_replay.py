@@ -14,6 +14,7 @@ from test_rewrite import captured, check_accounting, fused_dropout_step, quick_p
 import acstudio
 from acstudio.capture import capture_step
 from acstudio.capture.analysis import RANDOM_REASON, draws_random, replay_rules
+from acstudio.capture.replay_rules import RANDOM_OP_NAMES
 from acstudio.export import export
 from acstudio.plan import plan as make_plan
 from acstudio.rewrite import RewriteError, rewrite, rewrite_step
@@ -122,6 +123,19 @@ def test_ops_that_draw_nothing_are_not_random():
     assert draws_random(sdpa, (x, x, x), {"dropout_p": 0.1})
     assert not draws_random(torch.ops.aten.mm.default, (x, x), {})
     assert draws_random(torch.ops.aten.bernoulli_.float, (x, 0.5), {})
+
+
+def test_every_random_op_of_this_torch_is_named_in_the_torch_free_list():
+    """Replay rules judge only ops named in RANDOM_OP_NAMES (so planning needs no torch): none may be missing."""
+    tagged = set()
+    for full_name in torch._C._dispatch_get_all_op_names():  # every registered op, "aten::name.overload"
+        namespace, _, name = full_name.partition("::")
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default", None) if namespace == "aten" else None
+        if op is not None and torch.Tag.nondeterministic_seeded in op.tags:
+            tagged.add(packet)
+    assert {"native_dropout", "scaled_dot_product_attention", "bernoulli_"} <= tagged
+    assert tagged <= RANDOM_OP_NAMES, sorted(tagged - RANDOM_OP_NAMES)
 
 
 def test_attention_without_dropout_is_an_ordinary_candidate():

@@ -14,26 +14,23 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from acstudio.capture.replay_rules import (  # noqa: F401 - re-exported: the capture's own vocabulary
+    BATCH_NORM_OPS,
+    DROPOUT_MASK_REASON,
+    DROPOUT_OPS,
+    NO_GENERATOR_REASON,
+    RANDOM_REASON,
+    ReplayRules,
+    blocked_reason,
+    replay_rules,
+)
 from acstudio.capture.serialize import resolve_target, target_name
 from acstudio.capture.step import CapturedStep
 from acstudio.errors import ProfileFileError
-from acstudio.profile.model import ActivationRecord, NodeRecord, Profile, TensorRecord
+from acstudio.profile.model import ActivationRecord, NodeRecord, TensorRecord
 
 SLOT_CATEGORY = {"param": "parameter", "buffer": "buffer", "opt_state": "optimizer_state", "batch": "input"}
-# Ops that update BatchNorm running statistics: replaying them is safe once the rewriter drops the update.
-BATCH_NORM_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default",
-                  "aten._native_batch_norm_legit.default", "aten.miopen_batch_norm.default",
-                  "aten._batch_norm_with_update.default"}
 HOST_SYNC_OPS = {"aten._local_scalar_dense.default", "aten.item.default"}
-# Random ops (tagged ``nondeterministic_seeded``) that draw numbers are replayed with the generator state their
-# forward drew with (see acstudio.rewrite.rewriter), so by default they are recomputable like any other op.
-# ``keep_random`` (``--keep-random``) restores the older rule: a random draw is never repeated. Under it,
-# native_dropout is still replayed as ``native_dropout_backward(input, mask, scale)`` on the mask it drew in
-# forward (the same masked scale, no second draw), so the node is replayable while its mask output never is.
-RANDOM_REASON = "random op (recomputing would draw new random numbers)"
-NO_GENERATOR_REASON = "random op without a tensor input (the generator it draws from is not known)"
-DROPOUT_OPS = {"aten.native_dropout.default"}
-DROPOUT_MASK_REASON = "dropout mask (a random draw: kept; the dropout output is recomputed from it)"
 
 
 def allocation_bytes(nbytes: int, device_type: str) -> int:
@@ -93,18 +90,6 @@ def random_verdict(target, args, kwargs, has_input: bool, keep_random: bool) -> 
     if keep_random:
         return "ok" if target_name(target) in DROPOUT_OPS else RANDOM_REASON
     return "ok" if has_input else NO_GENERATOR_REASON
-
-
-def blocked_reason(sid: str, holders: list[tuple[str, str, str]], creator_target: str, keep_random: bool) -> str:
-    """Why activation ``sid`` cannot be recomputed ("" if it can), from its alias nodes' ``(id, region, replay
-    verdict)``, the creator first. Under ``keep_random`` a native_dropout mask (its second output) is kept."""
-    creator = holders[0][0]
-    if keep_random and creator_target in DROPOUT_OPS and sid != creator:
-        return f"{creator}: {DROPOUT_MASK_REASON}"
-    for node_id, region, verdict in holders:
-        if verdict != "ok" and region in ("forward", "loss"):
-            return f"{node_id}: {verdict}"
-    return ""
 
 
 @dataclass
@@ -265,75 +250,12 @@ def replay_reason(node: fx.Node, region: str, state_storages: set[str], node_sto
     return "ok"
 
 
-@dataclass
-class ReplayRules:
-    """Replay verdicts of a profile's nodes and activations under one random-op rule (see :func:`replay_rules`)."""
-
-    keep_random: bool
-    node: list[str]  # per node: "ok" or why it must not run twice
-    activation: dict[str, str]  # activation id -> why it cannot be recomputed ("" if it can)
-    draws: list[bool]  # per node: whether it draws random numbers (replayed with its forward's generator state)
-
-
-def replay_rules(profile: Profile, keep_random: bool = False) -> ReplayRules:
-    """Node and activation replay verdicts of ``profile`` under the random-op rule ``keep_random``.
-
-    Random ops are judged again from the stored graph (their targets and scalar arguments), so a profile captured
-    under the older rule, when every op tagged ``nondeterministic_seeded`` was kept (SDPA at ``dropout_p == 0``
-    included), plans by the current one without profiling again. Every other verdict is the recorded one.
-    """
-    records = profile.graph.get("nodes") or [None] * len(profile.nodes)  # synthetic profiles store no graph
-    node, draws = [], []
-    for rec, nd in zip(records, profile.nodes):
-        verdict, draw = nd.replay, False
-        target = _op(rec["target"]) if rec and rec["op"] == "call_function" else None
-        if target is not None and torch.Tag.nondeterministic_seeded in target.tags \
-                and nd.region in ("forward", "loss"):
-            args = rec["args"]["$t"]  # a node's args are stored as a tuple
-            has_input = any(isinstance(v, dict) and "$n" in v for v in _flat(args, rec["kwargs"]))
-            random = random_verdict(target, args, rec["kwargs"], has_input, keep_random)
-            if random is not None and random != "ok":
-                verdict = random
-            elif verdict.startswith("random op"):  # recorded under the older rule
-                verdict = _state_write_reason(profile, nd) or "ok"
-            draw = random is not None and verdict == "ok" and not keep_random
-        node.append(verdict)
-        draws.append(draw)
-    index = profile.node_index
-    holders = {t.id: [t.created_at, *t.aliases] for t in profile.tensors}
-    activation = {}
-    for a in profile.activations:
-        hs = [(h, profile.nodes[index[h]].region, node[index[h]]) for h in holders[a.id]]
-        activation[a.id] = blocked_reason(a.id, hs, profile.nodes[index[a.created_at]].target, keep_random)
-    return ReplayRules(keep_random=keep_random, node=node, activation=activation, draws=draws)
-
-
 @functools.cache
-def _op(name: str) -> torch._ops.OpOverload | None:
+def aten_op(name: str) -> torch._ops.OpOverload | None:
+    """The aten op overload a stored target name (``aten.mm.default``) names, or ``None``."""
     if not name.startswith("aten."):
         return None
     try:
         return resolve_target(name)
     except ProfileFileError:
         return None
-
-
-def _flat(args, kwargs) -> list:
-    out, stack = [], [*args, *kwargs.values()]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, list):
-            stack.extend(v)
-        elif isinstance(v, dict) and "$t" in v:
-            stack.extend(v["$t"])
-        else:
-            out.append(v)
-    return out
-
-
-def _state_write_reason(profile: Profile, nd: NodeRecord) -> str:
-    """For an in-place random op recorded under the older rule: whether it writes a parameter, buffer or input."""
-    if not nd.target.split(".")[1].endswith("_") or not nd.storage:
-        return ""
-    created = profile.node_by_id[next(t.created_at for t in profile.tensors if t.id == nd.storage)]
-    return "mutates graph state (parameter, buffer or input)" if created.op == "placeholder" else ""

@@ -68,8 +68,36 @@ def prefetch_job(tree: gl.ModuleTree, states: list[frozenset[str]], regions: tup
 
 
 def _mix(a: QColor, b: QColor, t: float) -> QColor:
-    return QColor(round(a.red() + (b.red() - a.red()) * t), round(a.green() + (b.green() - a.green()) * t),
-                  round(a.blue() + (b.blue() - a.blue()) * t))
+    return QColor(*_mix_rgb(np.array(_rgb(a)), np.array(_rgb(b)), np.array([t]))[0].tolist())
+
+
+def _rgb(colour: QColor) -> tuple[int, int, int]:
+    return colour.red(), colour.green(), colour.blue()
+
+
+def _mix_rgb(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """:func:`_mix` of rows of colours (int arrays (k, 3) or (3,)) by per-row fractions ``t``."""
+    return np.round(a + (b - a) * t[:, None]).astype(np.int64)
+
+
+def box_fills(rec: np.ndarray, ret: np.ndarray, rep: np.ndarray, region_rgb: np.ndarray) -> np.ndarray:
+    """Fill (k, 3 rgb) of each box from the bytes it recomputes and keeps and the nodes it re-runs: kept blue to
+    recomputed red by bytes, lighter for fewer bytes (never so light that the colour is lost), orange when it only
+    re-runs, its region's colour otherwise."""
+    act = rec + ret
+    has = act > 0
+    top = math.log1p(float(act.max(initial=0.0)))
+    mixed = _mix_rgb(np.array(_rgb(RETAINED)), np.array(_rgb(RECOMPUTED)), np.divide(rec, act, where=has,
+                                                                                  out=np.zeros_like(act)))
+    strength = 0.35 + 0.65 * np.log1p(act) / top if top else np.ones_like(act)
+    fills = np.where(has[:, None], _mix_rgb(np.array([255, 255, 255]), mixed, strength), region_rgb)
+    fills[~has & (rep > 0)] = _rgb(REPLAYED)
+    return fills
+
+
+def _label_brush(fill: QColor) -> QBrush:
+    """Dark text on a light box, white on a dark one."""
+    return QBrush(QColor(20, 20, 20) if fill.lightnessF() > 0.55 else QColor(255, 255, 255))
 
 
 def _plain_pen(item: gl.Item) -> QPen:
@@ -200,6 +228,11 @@ class GraphView(QWidget):
         self._focus_after_layout = ""
         self._anchor: tuple[str, QPointF] | None = None  # keep this group where it was on screen
         self._launch_zoom = False
+        self._prefetch_allowed = False  # at launch, layouts one click away wait until the window is interactive
+        # each box's fill (packed rgb) and outline, so that a plan change touches only the boxes it changes
+        self._region_rgb = np.zeros((0, 3), dtype=np.int64)
+        self._colours = np.zeros(0, dtype=np.int64)
+        self._inserted = np.zeros(0, dtype=bool)
         self.notice = ""
         session.loadedChanged.connect(lambda loaded: self.set_tree(loaded.tree, loaded.first_graph))
         session.planChanged.connect(lambda state: self.recolour(session.graph_decisions(state)))
@@ -227,6 +260,7 @@ class GraphView(QWidget):
         self._frames = {}
         self.view = self.layout = None
         self._launch_zoom = True
+        self._prefetch_allowed = False
         if first is not None and first[1] == self.regions:
             self._on_layout(first)
         else:
@@ -257,9 +291,15 @@ class GraphView(QWidget):
         while len(self._layouts) > CACHE_LAYOUTS:
             self._layouts.pop(next(iter(self._layouts)))
 
+    def allow_prefetch(self) -> None:
+        """The window is interactive: lay out ahead from now on (the layouts one click away are not needed for
+        the first paint, and computing them then would delay it)."""
+        self._prefetch_allowed = True
+        self._prefetch()
+
     def _prefetch(self) -> None:
         """After a dot layout, lay out ahead what opening each shown module would show."""
-        if self.layout is None or self.layout.engine != "dot":
+        if not self._prefetch_allowed or self.layout is None or self.layout.engine != "dot":
             return
         regions = self.regions
         groups = sorted((it for it in self.view.items if it.is_group), key=lambda it: -len(it.nodes))  # likeliest
@@ -330,7 +370,8 @@ class GraphView(QWidget):
         self.scene.addItem(path_item)
         for item, (x, y, w, h) in zip(self.view.items, self.layout.boxes):
             box = QGraphicsRectItem(QRectF(x, y, w, h))
-            box.setBrush(QBrush(REGION_FILL.get(item.region, QColor(230, 230, 230))))
+            fill = REGION_FILL.get(item.region, QColor(230, 230, 230))
+            box.setBrush(QBrush(fill))
             box.setData(KEY_ROLE, f"g:{item.key}" if item.is_group else f"n:{item.key}")
             box.setToolTip(self._tooltip(item))
             title, _, detail = item.label.partition("\n")
@@ -338,10 +379,15 @@ class GraphView(QWidget):
                                                        (detail, detail_font, detail_metrics))):
                 label = QGraphicsSimpleTextItem(metrics.elidedText(text, Qt.TextElideMode.ElideRight, w - 8), box)
                 label.setFont(font)
+                label.setBrush(_label_brush(fill))
                 label.setPos(x + (w - label.boundingRect().width()) / 2, y + 3 + k * gl.LINE_PT)
             self.scene.addItem(box)
             self._boxes.append(box)
         self._pens = [_plain_pen(item) for item in self.view.items]
+        self._region_rgb = np.array([_rgb(REGION_FILL.get(it.region, QColor(230, 230, 230))) for it in self.view.items],
+                                    dtype=np.int64).reshape(-1, 3)
+        self._colours = (self._region_rgb[:, 0] << 16) | (self._region_rgb[:, 1] << 8) | self._region_rgb[:, 2]
+        self._inserted = np.zeros(len(self.view.items), dtype=bool)
         self._index_of_group = {item.key: k for k, item in enumerate(self.view.items) if item.is_group}
         rects = [QRectF(*b) for b in self.layout.boxes] + [QRectF(*r) for _k, _l, r in self.layout.clusters]
         shown = QRectF()
@@ -361,7 +407,10 @@ class GraphView(QWidget):
 
     # -- colours ---------------------------------------------------------------------------------------------
     def recolour(self, decisions: Decisions) -> None:
-        """Colour every box by the plan: kept/recomputed mix by bytes, re-run in backward, inserted recomputations."""
+        """Colour every box by the plan: kept/recomputed mix by bytes, re-run in backward, inserted recomputations.
+
+        Colours are computed for all boxes at once; only the boxes whose fill or outline changes are touched, so a
+        slider step repaints those and nothing else."""
         self._decisions = decisions
         if self.view is None or not self._boxes:
             return
@@ -372,23 +421,17 @@ class GraphView(QWidget):
         rec = np.bincount(idx, weights=decisions.recomputed_bytes[shown], minlength=k)
         ret = np.bincount(idx, weights=decisions.retained_bytes[shown], minlength=k)
         rep = np.bincount(idx, weights=decisions.replayed[shown], minlength=k)
-        ins = np.bincount(idx, weights=decisions.inserted[shown], minlength=k)
-        act = rec + ret
-        top = math.log1p(float(act.max(initial=0.0)))
-        for i, (box, item) in enumerate(zip(self._boxes, self.view.items)):
-            if act[i] > 0:
-                colour = _mix(RETAINED, RECOMPUTED, rec[i] / act[i])
-                # lighter for fewer bytes, never so light that the colour is lost
-                colour = _mix(QColor(255, 255, 255), colour, 0.35 + 0.65 * math.log1p(act[i]) / top if top else 1.0)
-            elif rep[i] > 0:
-                colour = QColor(REPLAYED)
-            else:
-                colour = REGION_FILL.get(item.region, QColor(230, 230, 230))
+        inserted = np.bincount(idx, weights=decisions.inserted[shown], minlength=k) > 0
+        fills = box_fills(rec, ret, rep, self._region_rgb)
+        packed = (fills[:, 0] << 16) | (fills[:, 1] << 8) | fills[:, 2]
+        for i in np.flatnonzero((packed != self._colours) | (inserted != self._inserted)).tolist():
+            box, item = self._boxes[i], self.view.items[i]
+            colour = QColor(*fills[i].tolist())
             box.setBrush(QBrush(colour))
-            self._pens[i] = QPen(INSERTED, 3) if ins[i] > 0 else _plain_pen(item)
-            light = colour.lightnessF() > 0.55
+            self._pens[i] = QPen(INSERTED, 3) if inserted[i] else _plain_pen(item)
             for label in box.childItems():
-                label.setBrush(QBrush(QColor(20, 20, 20) if light else QColor(255, 255, 255)))
+                label.setBrush(_label_brush(colour))
+        self._colours, self._inserted = packed, inserted
         self._outline()
 
     def box_colour(self, key: str) -> QColor | None:

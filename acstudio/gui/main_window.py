@@ -9,10 +9,12 @@ from __future__ import annotations
 import html
 import os
 import re
+import sys
 import time
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,13 +31,13 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QStyle,
     QTableView,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
-from acstudio.bench.results import BenchResults
 from acstudio.gui.budget_panel import BudgetPanel
 from acstudio.gui.dialogs import BenchDialog, Messages, NewProfileDialog, TableDialog
 from acstudio.gui.graph_view import GraphView
@@ -52,8 +54,13 @@ from acstudio.simulate.modes import get_mode
 from acstudio.units import format_bytes
 from acstudio.views.child import probe_environment, profile_in_child, sweep_in_child
 
+if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark file the user opens loads it
+    from acstudio.bench.results import BenchResults
+
 MAX_RECENT = 8
 MAX_COLUMN_PX = 280
+GIL_SWITCH_S = 0.001
+INSPECTOR_DELAY_MS = 150  # the inspector follows a plan once the budget rests this long (its layout costs a step)
 SIZE_SAMPLE_ROWS = 60  # sizing columns on all of ResNet-152's 2000 rows would take seconds
 USER_JOBS = ("load", "profile", "export", "bench")  # shown with a progress bar and Cancel
 FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
@@ -74,11 +81,15 @@ def default_data_dir() -> str:
 
 class MainWindow(QMainWindow):
     liveMemory = Signal(int, object, int)  # (first node, peak bytes per node, nodes): a profile being measured
+    floorExplained = Signal(str, str)  # (profile path, what sets its AC floor), from the sweep's child process
 
     def __init__(self, settings: QSettings | None = None, cache_dir: str | None = None,
                  messages: Messages | None = None, data_dir: str | None = None) -> None:
         """``cache_dir`` holds graph layouts, ``data_dir`` new profiles and benchmark results."""
         make_singletons_immortal()
+        # Planning and layout jobs are Python threads: make them hand the interpreter back to the GUI thread
+        # within a millisecond (Python's default is 5 ms, several of which add up to a visible stall in a repaint).
+        sys.setswitchinterval(GIL_SWITCH_S)
         super().__init__()
         self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
         self.setWindowTitle("AC Studio")
@@ -90,6 +101,7 @@ class MainWindow(QMainWindow):
         self.session = Session(self)
         self.session.loadedChanged.connect(self._on_loaded)
         self.session.planChanged.connect(self._on_plan)
+        self.session.simulated.connect(self._on_simulated)
         self.session.spanChanged.connect(self._on_span)
         self.session.selectionChanged.connect(self._on_selection)
         self.session.failed.connect(lambda msg, details: self._error("Planning failed", msg, details))
@@ -172,6 +184,7 @@ class MainWindow(QMainWindow):
         self.runners["load"].resultReady.connect(self._on_opened)
         self.runners["profile"].resultReady.connect(self._on_profiled)
         self.runners["sweep"].resultReady.connect(self._on_sweep)
+        self.floorExplained.connect(self._on_floor_note)
         self.runners["probe"].resultReady.connect(self._on_environment)
         self._environment: dict | None = None
         self._env_dialogs: list[NewProfileDialog | BenchDialog] = []
@@ -180,7 +193,12 @@ class MainWindow(QMainWindow):
         self.runners["export"].resultReady.connect(self._on_exported)
         self.runners["bench"].resultReady.connect(self._on_bench)
         self._opening = ""
-        self._size_plan_columns = False
+        self._waiting_first_plan = False  # a profile opened and its first plan is not complete yet
+        self._inspector_html = ""
+        self._inspector_timer = QTimer(self)
+        self._inspector_timer.setSingleShot(True)
+        self._inspector_timer.setInterval(INSPECTOR_DELAY_MS)
+        self._inspector_timer.timeout.connect(self._refresh_inspector)
         self._build_menus()
         self._restore_layout()
 
@@ -237,12 +255,13 @@ class MainWindow(QMainWindow):
         current one."""
         self._opening = str(path)
         self.show_status(f"Opening {path}…")
-        self.runners["load"].submit(partial(open_document, str(path), self.session.loaded))
+        self.runners["load"].submit(partial(open_document, str(path), self.session.loaded,
+                                            cache_dir=self.graph.cache_dir))
 
     def _on_opened(self, result: Loaded | Plan | BenchResults) -> None:
         self._remember(self._opening)
-        if isinstance(result, BenchResults):
-            self._on_bench(result)
+        if isinstance(result, Loaded):
+            self.session.set_loaded(result)
         elif isinstance(result, Plan):
             self.session.show(result)
             self.budget.solver.blockSignals(True)
@@ -253,7 +272,7 @@ class MainWindow(QMainWindow):
             self.show_status(f"Plan {Path(self._opening).name}: {result.solver}, "
                              f"budget {format_bytes(result.budget_bytes)}")
         else:
-            self.session.set_loaded(result)
+            self._on_bench(result)
 
     def _remember(self, path: str) -> None:
         recent = [p for p in self._recent() if p != path]
@@ -337,28 +356,57 @@ class MainWindow(QMainWindow):
         self.table_model.set_frame(loaded.table)
         self.table_proxy.sort(-1)  # graph order until the user sorts
         self.table.horizontalHeader().setSortIndicator(-1, Qt.SortOrder.AscendingOrder)
-        self._size_plan_columns = True
+        self._waiting_first_plan = True
+        self.runners["sweep"].cancel()
         floor, top = self.session.floor_bytes, self.session.baseline_bytes
         self.budget.set_range(floor, top)
         curve = loaded.trajectory.curve()
         self.budget.set_curve(curve["extra_ms"].to_numpy(), curve["predicted_peak_bytes"].to_numpy())
         self.budget.clear_others()
         self.budget.setEnabled(True)
+        self.budget.solver.blockSignals(True)  # one plan for the opening budget, not one for the solver too
         self.budget.solver.setCurrentText("auto")
-        self.inspector.setHtml(self._profile_html(loaded))
+        self.budget.solver.blockSignals(False)
+        self.session.solver = "auto"
+        self._show_html(self._profile_html(loaded))
         self.set_budget(top if floor >= top else (floor + top) // 2)
-        self.runners["sweep"].submit(partial(sweep_in_child, loaded.path))
         self._update_actions()
         self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} "
                          f"activations; peak {format_bytes(top)}, floor {format_bytes(floor)}")
 
+    def _after_first_plan(self) -> None:
+        """What the first paint does not need starts once the opened profile's first plan is complete: the other
+        solvers' sweep and what sets the floor (a child process), the graph's layouts one click away, and the
+        table's column widths (its plan columns are filled now)."""
+        if not self._waiting_first_plan:
+            return
+        self._waiting_first_plan = False
+        path = self.session.loaded.path
+        self.runners["sweep"].submit(partial(sweep_in_child, path,
+                                             on_floor=lambda note: self.floorExplained.emit(path, note)))
+        self.graph.allow_prefetch()
+        QTimer.singleShot(0, self._size_table_columns)
+
+    def _on_floor_note(self, path: str, note: str) -> None:
+        loaded = self.session.loaded
+        if loaded is not None and loaded.path == path:
+            loaded.floor_note = note
+            self._refresh_inspector()
+
     def _size_table_columns(self) -> None:
-        """Every column as wide as its content (judged on the first :data:`SIZE_SAMPLE_ROWS` rows), up to
-        :data:`MAX_COLUMN_PX` (longer cells end in "…" and show in full as a tooltip)."""
-        self.table.resizeColumnsToContents()
-        for c in range(self.table_model.columnCount()):
-            if self.table.columnWidth(c) > MAX_COLUMN_PX:
-                self.table.setColumnWidth(c, MAX_COLUMN_PX)
+        """Every column as wide as its content (judged on the first :data:`SIZE_SAMPLE_ROWS` rows) and its header,
+        up to :data:`MAX_COLUMN_PX` (longer cells end in "…" and show in full as a tooltip).
+
+        Measured here from the formatted texts, as Qt's item delegate pads them: ``resizeColumnsToContents`` asks
+        the model for eight roles of every sampled cell, a tenth of a second of Python calls on the GUI thread."""
+        model, metrics = self.table_model, self.table.fontMetrics()
+        margin = self.table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin) + 1
+        padding = 2 * margin + 2  # the delegate's text margins, and the grid line
+        rows = range(min(SIZE_SAMPLE_ROWS, model.rowCount()))
+        header = self.table.horizontalHeader()
+        for c in range(model.columnCount()):
+            text = max((metrics.horizontalAdvance(model.text(r, c)) for r in rows), default=0)
+            self.table.setColumnWidth(c, min(max(text + padding, header.sectionSizeHint(c)), MAX_COLUMN_PX))
 
     def set_budget(self, budget: int) -> None:
         """Budget from any control: all controls follow, the session plans (quickly, then fully)."""
@@ -397,14 +445,29 @@ class MainWindow(QMainWindow):
                                     len(plan.recomputed), candidates, plan.feasible, how)
         self.budget.set_current(plan.predicted_extra_ms, plan.predicted_peak_bytes)
         self.table_model.set_columns(self.session.table_columns(state))
-        if self._size_plan_columns:  # the plan columns are empty until the first plan: size them once it is here,
-            self._size_plan_columns = False  # after the window has painted what it opened on
-            QTimer.singleShot(0, self._size_table_columns)
-        if self.session.selected:
-            self.inspector.setHtml(self._node_html(self.session.selected))
-        elif state.complete:
-            self.inspector.setHtml(self._profile_html(loaded))
+        self._inspector_timer.start()
         self._update_actions()
+        if state.complete:
+            self._after_first_plan()
+
+    def _on_simulated(self, _state: PlanState) -> None:
+        self._inspector_timer.start()
+        self._after_first_plan()
+
+    def _refresh_inspector(self) -> None:
+        """The selected node, or the profile and what sets the current plan's peak (once its timeline is here:
+        until then the inspector keeps what it shows, rather than blinking on every slider step)."""
+        state = self.session.state
+        if self.session.selected:
+            self._show_html(self._node_html(self.session.selected))
+        elif state is not None and state.complete:
+            self._show_html(self._profile_html(self.session.loaded))
+
+    def _show_html(self, text: str) -> None:
+        self._inspector_timer.stop()
+        if text != self._inspector_html:  # setHtml lays the whole document out again: a few ms
+            self._inspector_html = text
+            self.inspector.setHtml(text)
 
     def _restore_timeline(self, *_args) -> None:
         """A profiling run that drew its live curve ended without a profile: show the loaded one again."""
@@ -415,7 +478,7 @@ class MainWindow(QMainWindow):
         self.set_budget(self.budget.budget_bytes())
 
     def _on_selection(self, node_id: str) -> None:
-        self.inspector.setHtml(self._node_html(node_id))
+        self._show_html(self._node_html(node_id))
         if self.session.selected_activation:
             row = self.table_model.row_of(self.session.selected_activation)
             proxy_index = self.table_proxy.mapFromSource(self.table_model.index(row, 0))
@@ -455,8 +518,13 @@ class MainWindow(QMainWindow):
                 f"{env.get('torch', '?')}</p><p>measured peak {format_bytes(p.peak_bytes)} at {p.peak_node}<br>"
                 f"checkpointing floor {format_bytes(self.session.floor_bytes)}</p>"
                 f"<table><tr><th align=left>at the peak</th><th></th></tr>{cats}</table>"
-                f"<p>{html.escape(loaded.floor_note[:1].upper() + loaded.floor_note[1:])}.</p>{self._plan_peak_html()}"
+                f"{self._floor_html(loaded)}{self._plan_peak_html()}"
                 "<p>Click a node in the graph, the timeline or the table.</p>")
+
+    @staticmethod
+    def _floor_html(loaded: Loaded) -> str:
+        note = loaded.floor_note
+        return f"<p>{html.escape(note[:1].upper() + note[1:])}.</p>" if note else ""
 
     def _plan_peak_html(self) -> str:
         """What sets the current plan's peak (once its timeline is simulated)."""
@@ -626,14 +694,15 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
-        """Process events until no job is running (``--screenshot`` and tests)."""
+        """Process events until no job is running and the inspector shows the current plan (``--screenshot``
+        and tests)."""
         from PySide6.QtWidgets import QApplication
 
         deadline = time.monotonic() + timeout_s
-        runners = [*self.runners.values(), self.session.plan_runner, self.session.faster_runner, self.graph.runner]
+        runners = [*self.runners.values(), self.session, self.graph.runner]
         while time.monotonic() < deadline:
             QApplication.processEvents()
-            if not any(r.busy for r in runners):
+            if not any(r.busy for r in runners) and not self._inspector_timer.isActive():
                 QApplication.processEvents()
                 return True
             time.sleep(0.005)

@@ -3,15 +3,17 @@
 Cells are formatted when they are shown (a plan change costs nothing for the rows and columns out of view),
 and sorting uses the raw values through :data:`SORT_ROLE`, so a 2000-row activation table sorts numerically
 and follows the slider cheaply. A plan change replaces only the plan columns with
-:meth:`DataFrameModel.set_columns`.
+:meth:`DataFrameModel.set_columns`, which announces only the cells whose value changed: the view then repaints,
+and the sort/filter proxy re-examines, a few rows per slider step instead of all of them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
 
@@ -44,6 +46,23 @@ def fmt_int(v: Any) -> str:
     return "" if missing(v) else str(int(v))
 
 
+def cells_differ(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Per row: does the cell change? Empty cells (NaN, ``None``, ``""``) equal each other."""
+    if old.dtype.kind == "f" and new.dtype.kind == "f":
+        return ~((old == new) | (np.isnan(old) & np.isnan(new)))
+    differ = old != new
+    if differ.any():  # NaN != NaN: look at those rows one by one
+        rows = np.flatnonzero(differ)
+        differ[rows] = [not (missing(a) and missing(b)) for a, b in zip(old[rows], new[rows])]
+    return differ
+
+
+def row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """(first, last) of every run of consecutive ``True`` rows."""
+    edges = np.diff(np.concatenate([[0], rows.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), (np.flatnonzero(edges == -1) - 1).tolist()))
+
+
 class DataFrameModel(QAbstractTableModel):
     """Read-only table of ``df`` (its index is the row id); ``formats`` maps column -> formatter."""
 
@@ -55,6 +74,7 @@ class DataFrameModel(QAbstractTableModel):
         self._ids: list[str] = []
         self._columns: list[str] = []
         self._raw: list[list[Any]] = []
+        self._arrays: dict[int, np.ndarray] = {}  # the last array each column was set from, to compare against
         self.set_frame(df if df is not None else pd.DataFrame())
 
     @property
@@ -66,20 +86,32 @@ class DataFrameModel(QAbstractTableModel):
         self._ids = [str(i) for i in df.index]
         self._columns = [str(c) for c in df.columns]
         self._raw = [df[c].tolist() for c in df.columns]
+        self._arrays = {}
         self.endResetModel()
 
-    def set_columns(self, values: dict[str, list[Any]]) -> None:
-        """Replace whole columns (same row order); one ``dataChanged`` covers them all."""
-        changed = []
+    def set_columns(self, values: dict[str, Sequence[Any] | np.ndarray]) -> None:
+        """Replace whole columns (same row order); ``dataChanged`` covers only the runs of rows that changed."""
+        changed_rows = np.zeros(len(self._ids), dtype=bool)
+        changed_cols = []
         for name, col in values.items():
             c = self._columns.index(name)
-            col = list(col)
-            if col == self._raw[c]:
+            new = col if isinstance(col, np.ndarray) else np.asarray(col, dtype=object)
+            old = self._arrays.get(c)
+            if old is None or old.dtype != new.dtype:  # compare cell by cell as Python values
+                diff = cells_differ(np.asarray(self._raw[c], dtype=object), new.astype(object))
+            else:
+                diff = cells_differ(old, new)
+            self._arrays[c] = new
+            if not diff.any():
                 continue
-            self._raw[c] = col
-            changed.append(c)
-        if changed and self._ids:
-            self.dataChanged.emit(self.index(0, min(changed)), self.index(len(self._ids) - 1, max(changed)))
+            self._raw[c] = new.tolist()
+            changed_rows |= diff
+            changed_cols.append(c)
+        if not changed_cols:
+            return
+        first, last = min(changed_cols), max(changed_cols)
+        for top, bottom in row_runs(changed_rows):
+            self.dataChanged.emit(self.index(top, first), self.index(bottom, last))
 
     def text(self, row: int, column: int) -> str:
         """Cell ``(row, column)`` as shown."""

@@ -14,18 +14,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from acstudio.bench.results import BenchResults
 from acstudio.errors import ACStudioError, WrongSchemaError
 from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
 from acstudio.plan.mutwo import Trajectory
-from acstudio.plan.peak import floor_sentence
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import SOLVERS, trajectory
 from acstudio.profile.model import Profile
@@ -42,7 +41,11 @@ from acstudio.views.tables import (
     table_columns,
 )
 
+if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark file the user opens loads it
+    from acstudio.bench.results import BenchResults
+
 FASTER_PLAN_DELAY_MS = 300  # budget at rest this long before the shared-chain search runs
+SIMULATE_AFTER_MS = 10  # a new plan's timeline is simulated this long after the step, once it is painted
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
 # Solvers whose quick answer is read off μ-TWO's trajectory while the slider moves, refined when it rests.
 INSTANT = ("auto", "mutwo")
@@ -56,7 +59,6 @@ class Loaded:
     profile: Profile
     simulator: Simulator
     ctx: PlanContext  # caches what the solvers share for this profile
-    floor_note: str  # what sets the AC floor, in a sentence
     trajectory: Trajectory
     tree: ModuleTree
     baseline: SimResult
@@ -64,6 +66,7 @@ class Loaded:
     table: pd.DataFrame  # activation table, static columns (plan columns are filled per plan)
     acts: ActivationIndex  # node positions of each activation (table row)
     first_graph: tuple  # the graph's launch view, laid out (see acstudio.views.graph_layout.laid_out)
+    floor_note: str = ""  # what sets the AC floor, in a sentence: worked out in the sweep's child process
 
 
 @dataclass
@@ -80,7 +83,7 @@ class PlanState:
 
 
 def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
-            cancel: CancelToken | None = None) -> Loaded:
+            cancel: CancelToken | None = None, *, cache_dir: str | None = None) -> Loaded:
     """Simulator, μ-TWO trajectory, module tree and tables of ``profile`` (the slow part of opening a file)."""
     report(progress, 0, 3, "simulating the iteration")
     simulator = Simulator(profile)
@@ -90,25 +93,27 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     traj = trajectory(ctx, progress=progress, cancel=cancel)
     report(progress, 2, 3, "grouping the graph")
     template = traj.plan_for_budget(simulator.baseline_peak)
-    floor_note = floor_sentence(ctx)
     tree = ModuleTree(profile)
     # the graph's first picture is made here, off the GUI thread, so it is drawn the moment the file opens
-    first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS])
+    first_graph = laid_out(tree, tree.default_expansion(), SHOWN_REGIONS[DEFAULT_PASS], cache_dir)
     report(progress, 3, 3, "ready")
-    return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, floor_note=floor_note, trajectory=traj,
+    return Loaded(path=path, profile=profile, simulator=simulator, ctx=ctx, trajectory=traj,
                   tree=tree, baseline=baseline, template=template, table=activation_table(profile),
                   acts=ActivationIndex.of(profile), first_graph=first_graph)
 
 
 def open_document(path: str, current: Loaded | None, progress: ProgressFn | None = None,
-                  cancel: CancelToken | None = None) -> Loaded | Plan | BenchResults:
-    """A profile (prepared) or, if a profile is open, a plan made for it or benchmark results of its workload."""
+                  cancel: CancelToken | None = None, *, cache_dir: str | None = None) -> Loaded | Plan | BenchResults:
+    """A profile (prepared; ``cache_dir`` keeps graph layouts) or, if a profile is open, a plan made for it or
+    benchmark results of its workload."""
     try:
         profile = Profile.load(path)
     except WrongSchemaError as profile_error:  # another kind of document: its own loader says what is wrong
         try:
             found = Plan.load(path, *((current.profile, current.ctx) if current is not None else ()))
         except WrongSchemaError:
+            from acstudio.bench.results import BenchResults  # imports torch: only for a benchmark file
+
             try:
                 found = BenchResults.load(path)
             except WrongSchemaError:
@@ -116,10 +121,10 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
         what = "a plan" if isinstance(found, Plan) else "a benchmark"
         if current is None:
             raise ACStudioError(f"{path} is {what}; open the profile of its workload first") from None
-        if isinstance(found, BenchResults):
+        if not isinstance(found, Plan):
             check_same_workload(found, current.profile)
         return found
-    return prepare(profile, path, progress, cancel)
+    return prepare(profile, path, progress, cancel, cache_dir=cache_dir)
 
 
 def check_same_workload(results: BenchResults, profile: Profile) -> None:
@@ -185,10 +190,19 @@ class Session(QObject):
         self._faster_timer.setInterval(FASTER_PLAN_DELAY_MS)
         self._faster_timer.timeout.connect(self._search_faster)
         self._cache: OrderedDict[tuple[str, tuple[str, ...], bool], SimResult] = OrderedDict()
+        # A new plan's timeline is simulated in the background once the step is painted: a worker thread that
+        # started at once would take the interpreter from the repaint (Python callbacks in the table and the plots),
+        # and a zero timer may fire before the repaint.
+        self._unsimulated: Plan | None = None
+        self._simulate_soon = QTimer(self)
+        self._simulate_soon.setSingleShot(True)
+        self._simulate_soon.setInterval(SIMULATE_AFTER_MS)
+        self._simulate_soon.timeout.connect(self._simulate_pending)
 
     # -- profile ---------------------------------------------------------------------------------------------
     def set_loaded(self, loaded: Loaded) -> None:
         self.plan_runner.cancel()
+        self._unsimulated = None
         self._faster_timer.stop()
         self.faster_runner.cancel()
         self.loaded = loaded
@@ -246,12 +260,24 @@ class Session(QObject):
         key = self._key(plan)
         sim = self._cache.get(key)
         self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile))
+        self.plan_runner.cancel()
         if sim is not None:
             self._cache.move_to_end(key)
-            self.plan_runner.cancel()
+            self._unsimulated = None
         else:
-            self.plan_runner.submit(partial(simulated, self.loaded, plan))
+            self._unsimulated = plan
+            self._simulate_soon.start()
         self.planChanged.emit(self.state)
+
+    @property
+    def busy(self) -> bool:
+        """A plan is being made or simulated, or is about to be."""
+        return self.plan_runner.busy or self.faster_runner.busy or self._simulate_soon.isActive()
+
+    def _simulate_pending(self) -> None:
+        if self._unsimulated is not None and self.loaded is not None:
+            self.plan_runner.submit(partial(simulated, self.loaded, self._unsimulated))
+        self._unsimulated = None
 
     @staticmethod
     def _key(plan: Plan) -> tuple[str, tuple[str, ...], bool]:
@@ -298,13 +324,14 @@ class Session(QObject):
     # -- derived views ---------------------------------------------------------------------------------------
     def graph_decisions(self, state: PlanState) -> Decisions:
         """Per-node arrays for the graph colours."""
-        return graph_decisions(self.loaded.profile, self.loaded.acts, state.plan, state.decisions)
+        return graph_decisions(self.loaded.profile, self.loaded.acts, state.plan)
 
-    def table_columns(self, state: PlanState) -> dict[str, list]:
+    def table_columns(self, state: PlanState) -> dict[str, np.ndarray]:
         """The activation table's plan columns for ``state``."""
-        return table_columns(self.loaded.profile, state.plan, state.decisions)
+        return table_columns(self.loaded.acts, state.plan)
 
     def shutdown(self) -> None:
         self._faster_timer.stop()
+        self._simulate_soon.stop()
         self.faster_runner.shutdown()
         self.plan_runner.shutdown()

@@ -302,7 +302,12 @@ class TimelineView(QWidget):
         self._cum = np.cumsum(np.asarray(timeline, dtype=float), axis=1) / GIB
         drawn = peak_binned(self._cum, self._starts)
         for k, cat in enumerate(TIMELINE_CATEGORIES):
-            self.stack[cat].setData(self._x, drawn[:, k])
+            curve = self.stack[cat]
+            x, y = curve.getOriginalDataset()
+            # model state sits at the bottom of the stack and rarely moves with the plan: a curve whose points
+            # are the same keeps its cached drawing (filling a curve is most of a timeline repaint)
+            if x is None or not (np.array_equal(x, self._x) and np.array_equal(y, drawn[:, k])):
+                curve.setData(self._x, drawn[:, k])
         if self.axis is not None and 0 <= peak_index < len(self._cum):
             x = float(self.axis.x(peak_index))
             self.peak.setData([x], [peak_bytes / GIB])

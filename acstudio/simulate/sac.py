@@ -34,7 +34,7 @@ from functools import cached_property
 
 import numpy as np
 
-from acstudio.capture.analysis import BATCH_NORM_OPS
+from acstudio.capture.replay_rules import BATCH_NORM_OPS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import ReplayMode, register_mode
 from acstudio.simulate.replay import FORWARD_REGIONS, Replay

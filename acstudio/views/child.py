@@ -65,7 +65,7 @@ def child_main(argv: list[str]) -> int:
     """``profile DEVICE OUT`` (spec on stdin), ``list`` or ``sweep PROFILE``."""
     command, args = argv[0], argv[1:]
     if command == "sweep":
-        return _run(lambda: {"rows": _sweep_rows(args[0])})
+        return _run(lambda: {"rows": _sweep_rows(args[0])})  # what sets the floor comes first, as its own line
     if command == "list":
         return _run(_environment)
     device, out = args
@@ -102,13 +102,19 @@ def _environment() -> dict[str, Any]:
 
 
 def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
-    """Every solver but μ-TWO (whose curve the window already has), as JSON-ready rows."""
+    """Every solver but μ-TWO (whose curve the window already has), as JSON-ready rows; first, what sets the
+    floor, in a sentence (emitted on its own: it is ready long before the sweep)."""
     import math
 
+    from acstudio.plan.peak import floor_sentence
+    from acstudio.plan.schedule import PlanContext
     from acstudio.plan.solvers import SOLVERS, sweep
     from acstudio.profile.model import Profile
 
-    df = sweep(Profile.load(profile_path), [s for s in SOLVERS if s != "mutwo"])
+    profile = Profile.load(profile_path)
+    ctx = PlanContext(profile)
+    _emit({"floor": floor_sentence(ctx)})
+    df = sweep(profile, [s for s in SOLVERS if s != "mutwo"], ctx=ctx)
     return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
             for row in df.to_dict(orient="records")]
 
@@ -211,13 +217,20 @@ def profile_in_child(spec: dict[str, Any], device: str, out: str, progress: Prog
             proc.wait()
 
 
-def _call(args: list[str], cancel: CancelToken | None) -> Any:
-    """Run a child command that needs no input; return what it reported as done."""
+def _call(args: list[str], cancel: CancelToken | None, on_message=None) -> Any:
+    """Run a child command that needs no input; return what it reported as done. ``on_message`` receives the
+    messages before that (not progress, not the end)."""
     proc, lines = _start(args)
     log: list[str] = []
+    received: list[dict[str, Any]] = []
     try:
         proc.stdin.close()
-        return _finish(proc, list(_messages(proc, lines, cancel, log)), log)["done"]
+        for message in _messages(proc, lines, cancel, log):
+            if on_message is not None and not {"done", "error", "cancelled"} & message.keys():
+                on_message(message)
+            else:
+                received.append(message)
+        return _finish(proc, received, log)["done"]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -230,10 +243,16 @@ def probe_environment(progress: ProgressFn | None = None, cancel: CancelToken | 
     return _call(["list"], cancel)
 
 
-def sweep_in_child(profile_path: str, progress: ProgressFn | None = None,
-                   cancel: CancelToken | None = None) -> list[dict[str, Any]]:
-    """The other solvers' operating points (rows of :func:`acstudio.plan.sweep`), computed in a child process."""
-    return _call(["sweep", str(profile_path)], cancel)["rows"]
+def sweep_in_child(profile_path: str, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
+                   on_floor=None) -> list[dict[str, Any]]:
+    """The other solvers' operating points (rows of :func:`acstudio.plan.sweep`), computed in a child process;
+    ``on_floor(sentence)`` receives what sets the AC floor (:func:`acstudio.plan.peak.floor_sentence`) as soon as
+    the child has it. Both are half a second to seconds of pure Python: in a thread they would stall the window."""
+    def forward(message: dict[str, Any]) -> None:
+        if "floor" in message and on_floor is not None:
+            on_floor(message["floor"])
+
+    return _call(["sweep", str(profile_path)], cancel, forward)["rows"]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,7 @@ class ActivationIndex:
     first_bw: np.ndarray
     last_bw: np.ndarray
     bytes: np.ndarray
+    row: dict[str, int] = field(default_factory=dict)  # activation id -> its table row
 
     @classmethod
     def of(cls, profile: Profile) -> ActivationIndex:
@@ -46,7 +47,8 @@ class ActivationIndex:
 
         return cls(created=column("created_at"), last_fw=column("last_fw_use"), first_bw=column("first_bw_use"),
                    last_bw=column("last_bw_use"),
-                   bytes=np.array([a.bytes for a in profile.activations], dtype=np.int64))
+                   bytes=np.array([a.bytes for a in profile.activations], dtype=np.int64),
+                   row={a.id: k for k, a in enumerate(profile.activations)})
 
 
 def activation_table(profile: Profile) -> pd.DataFrame:
@@ -70,9 +72,11 @@ def activation_table(profile: Profile) -> pd.DataFrame:
     return df
 
 
-def recomputed_mask(profile: Profile, decisions: dict[str, str]) -> np.ndarray:
+def recomputed_mask(acts: ActivationIndex, plan: Plan) -> np.ndarray:
     """Per activation (table row): does the plan recompute it?"""
-    return np.array([decisions.get(a.id) == "recompute" for a in profile.activations], dtype=bool)
+    mask = np.zeros(len(acts.bytes), dtype=bool)
+    mask[[acts.row[a] for a in plan.recomputed]] = True
+    return mask
 
 
 def back_in_memory_at(profile: Profile, acts: ActivationIndex, plan: Plan) -> np.ndarray:
@@ -96,41 +100,47 @@ def alive_in_span(acts: ActivationIndex, back_at: np.ndarray, first: int, last: 
     return np.where(back_at < 0, kept_span, forward_part | backward_part)
 
 
-def graph_decisions(profile: Profile, acts: ActivationIndex, plan: Plan, decisions: dict[str, str]) -> Decisions:
+def graph_decisions(profile: Profile, acts: ActivationIndex, plan: Plan) -> Decisions:
     """Per-node arrays for the graph colours of ``plan``."""
     n = len(profile.nodes)
     index = profile.node_index
-    rec_mask = recomputed_mask(profile, decisions)
+    rec_mask = recomputed_mask(acts, plan)
     nodes = np.concatenate([acts.created, acts.first_bw])
     weights = np.concatenate([acts.bytes, acts.bytes]).astype(float)
     rec2 = np.concatenate([rec_mask, rec_mask])
     rec = np.bincount(nodes[rec2], weights=weights[rec2], minlength=n)
     ret = np.bincount(nodes[~rec2], weights=weights[~rec2], minlength=n)
     replayed = np.zeros(n)
-    inserted = np.zeros(n)
-    for e in plan.schedule:
-        replayed[[index[r] for r in e.replay]] = 1
-        inserted[index[e.recompute_before]] += 1
+    replayed[[index[r] for e in plan.schedule for r in e.replay]] = 1
+    inserted = np.bincount([index[e.recompute_before] for e in plan.schedule], minlength=n).astype(float)
     return Decisions(recomputed_bytes=rec, retained_bytes=ret, replayed=replayed, inserted=inserted)
 
 
-def table_columns(profile: Profile, plan: Plan, decisions: dict[str, str]) -> dict[str, list]:
-    """The activation table's plan columns: decision, why in words, and the schedule entry if recomputed."""
-    order = {a: k + 1 for k, a in enumerate(plan.recomputed)}
-    entries = {e.activation: e for e in plan.schedule}
-    cols: dict[str, list] = {c: [] for c in TABLE_PLAN_COLUMNS}
-    for a in profile.activations:
-        decision, _, why = decisions.get(a.id, "").partition(": ")
-        e = entries.get(a.id)
-        if decision == "recompute":
-            why = "freed after forward, recomputed before its first backward use"
-        elif decision == "retain":
-            why = "kept: the budget was met before μ-TWO reached it" if plan.solver == "mutwo" else "kept"
-        cols["decision"].append(decision)
-        cols["why"].append(why)
-        cols["step"].append(order.get(a.id, float("nan")))
-        cols["sources"].append(" ".join(e.sources) if e else "")
-        cols["replay_nodes"].append(len(e.replay) if e else float("nan"))
-        cols["recompute_ms"].append(e.recompute_ms if e else float("nan"))
-        cols["ratio"].append(e.ratio if e else float("nan"))
+def table_columns(acts: ActivationIndex, plan: Plan) -> dict[str, np.ndarray]:
+    """The activation table's plan columns, one array per column in table row order: decision, why in words,
+    and the schedule entry if recomputed. Built with array assignments, not a loop over the rows: it runs on
+    every slider step."""
+    n = len(acts.bytes)
+    rows = acts.row
+    kept = "kept: the budget was met before μ-TWO reached it" if plan.solver == "mutwo" else "kept"
+    decision = np.full(n, "retain", dtype=object)
+    why = np.full(n, kept, dtype=object)
+    excluded = [rows[a] for a in plan.excluded]
+    decision[excluded] = "not a candidate"
+    why[excluded] = np.array(list(plan.excluded.values()), dtype=object)
+    recomputed = [rows[a] for a in plan.recomputed]
+    decision[recomputed] = "recompute"
+    why[recomputed] = "freed after forward, recomputed before its first backward use"
+    step = np.full(n, np.nan)
+    step[recomputed] = np.arange(1, len(recomputed) + 1)
+    entries = plan.schedule
+    at = [rows[e.activation] for e in entries]
+    sources = np.full(n, "", dtype=object)
+    sources[at] = np.array([" ".join(e.sources) for e in entries], dtype=object)
+    numbers = {"replay_nodes": [len(e.replay) for e in entries], "recompute_ms": [e.recompute_ms for e in entries],
+               "ratio": [e.ratio for e in entries]}
+    cols = {"decision": decision, "why": why, "step": step, "sources": sources}
+    for name, values in numbers.items():
+        cols[name] = np.full(n, np.nan)
+        cols[name][at] = values
     return cols
