@@ -1,6 +1,9 @@
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# `auto` may spend up to 10 s per budget in its shared-chain program; the tests of everything else plan without it
+# (subprocesses inherit this), and tests/test_solvers.py turns it back on where it is the subject.
+os.environ["ACSTUDIO_AUTO_MILP_SECONDS"] = "0"
 
 import pytest
 import torch

@@ -67,3 +67,33 @@ def test_peak_report_adds_up_to_the_predicted_peak():
         assert report.freeable + report.fixed_activations + sum(report.parts.values()) == report.total
         assert report.summary().startswith("peak ")
     assert floor_sentence(ctx).startswith("the floor is ")
+
+
+def test_auto_takes_the_shared_chain_programs_set_when_it_is_faster(monkeypatch):
+    """With its program on, auto is never slower than without it nor than the program's own set, and somewhere
+    the program finds a plan every other solver misses."""
+    from acstudio.plan.milp import shared_bound
+
+    wins = 0
+    for seed in range(6):
+        p = random_profile(seed, n_forward=12)
+        ctx = PlanContext(p)
+        for budget in np.linspace(ctx.floor_bytes, ctx.sim.baseline_peak, 6)[1:-1].astype(int):
+            monkeypatch.setenv("ACSTUDIO_AUTO_MILP_SECONDS", "0")
+            without = plan(p, int(budget), ctx=ctx)
+            monkeypatch.setenv("ACSTUDIO_AUTO_MILP_SECONDS", "10")
+            best = plan(p, int(budget), ctx=ctx)
+            program = shared_bound(ctx, int(budget), time_limit_s=10)
+            if without.feasible:
+                assert best.feasible and best.predicted_extra_ms <= without.predicted_extra_ms + 1e-9
+            if program.chosen:
+                assert best.predicted_extra_ms <= program.extra_ms + 1e-9
+            wins += best.predicted_extra_ms < without.predicted_extra_ms - 1e-9
+    assert wins
+
+
+def test_a_bad_program_time_is_one_line(monkeypatch):
+    monkeypatch.setenv("ACSTUDIO_AUTO_MILP_SECONDS", "ten")
+    p = random_profile(0, n_forward=10)
+    with pytest.raises(ACStudioError, match="ACSTUDIO_AUTO_MILP_SECONDS='ten' is not a number of seconds"):
+        plan(p, int(p.peak_bytes * 0.9))

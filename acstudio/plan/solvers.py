@@ -16,6 +16,7 @@ their own modes, so their sets are searched over lower target budgets and each i
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -182,9 +183,23 @@ KNOWN = ("mutwo", "blocks", "per-module", "sqrt-n", "recompute-all", "keep-all")
 
 
 # auto also asks the shared-mode program (acstudio.plan.milp.shared_bound) for its set on graphs up to this size,
-# within this time: on the transformer samples it answers in 0-3 s and often finds a faster plan than the others.
+# within ACSTUDIO_AUTO_MILP_SECONDS (default 10; 0 never asks): on the transformer samples it answers in 0-3 s and
+# often finds a faster plan than the others.
 AUTO_PROGRAM_MAX_CANDIDATES = 400
-AUTO_PROGRAM_TIME_LIMIT_S = 10.0
+AUTO_PROGRAM_TIME_ENV = "ACSTUDIO_AUTO_MILP_SECONDS"
+
+
+def auto_program_seconds() -> float:
+    """The time ``auto`` gives the shared-mode program per budget (environment ``ACSTUDIO_AUTO_MILP_SECONDS``)."""
+    text = os.environ.get(AUTO_PROGRAM_TIME_ENV, "10")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ACStudioError(f"{AUTO_PROGRAM_TIME_ENV}={text!r} is not a number of seconds — give e.g. 10, or 0 to "
+                            "plan without the shared-chain program")
+    return seconds
 
 
 @solver("auto", "the fastest plan of every solver above that fits (never beaten by a plan it knows)")
@@ -193,13 +208,16 @@ def solve_auto(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = No
 
 
 def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
-              program_time_s: float = AUTO_PROGRAM_TIME_LIMIT_S) -> Plan:
-    """``auto``'s plan, giving the shared-mode program at most ``program_time_s``."""
+              program_time_s: float | None = None) -> Plan:
+    """``auto``'s plan, giving the shared-mode program at most ``program_time_s`` (default:
+    :func:`auto_program_seconds`)."""
+    program_time_s = auto_program_seconds() if program_time_s is None else program_time_s
     plans = []
     for name in KNOWN:
         check(cancel)
         plans.append(SOLVERS[name].solve(ctx, budget, cancel=cancel))
-    if len(ctx.rg.candidates) <= AUTO_PROGRAM_MAX_CANDIDATES and ctx.sim.baseline_peak > budget:
+    if (program_time_s > 0 and len(ctx.rg.candidates) <= AUTO_PROGRAM_MAX_CANDIDATES
+            and ctx.sim.baseline_peak > budget):
         from acstudio.plan.milp import shared_bound  # scipy.optimize: imported only when used
 
         program = shared_bound(ctx, budget, time_limit_s=program_time_s, cancel=cancel)
