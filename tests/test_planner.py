@@ -195,7 +195,7 @@ def test_real_profile_end_to_end(tmp_path):
     assert any(d.startswith("not a candidate: ") and "random" in d for d in kept.decisions(p).values())
     pl.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json", profile=p).recomputed == pl.recomputed
-    table = sweep(p, simulator=sim, milp_points=3)  # both programs at the top, middle and floor: seconds
+    table = sweep(p, simulator=sim, milp_points=3, milp_time_s=3)  # both programs, top, middle and floor
     assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp",
                                  "milp-bound"}
     milp = table[table.solver == "milp"]

@@ -118,15 +118,17 @@ def solve_milp_bound(ctx: PlanContext, budget: int, *, cancel: CancelToken | Non
 
 
 def bounded_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
-                 time_limit_s: float = MILP_TIME_LIMIT_S, auto: Plan | None = None, exact=None) -> tuple[Plan, float]:
+                 time_limit_s: float = MILP_TIME_LIMIT_S, auto: Plan | None = None, exact=None, shared=None
+                 ) -> tuple[Plan, float]:
     """``milp-bound``'s plan and the lower bound (ms) on the extra time of every plan that fits ``budget`` in
     replay mode "again" or "shared": the smaller of the two programs' bounds (``auto``: auto's plan, ``exact``:
-    :func:`exact_milp`'s result at ``budget``, if the caller has them)."""
+    :func:`exact_milp`'s and ``shared``: :func:`~acstudio.plan.milp.shared_bound`'s result at ``budget``, if
+    the caller has them)."""
     from acstudio.plan.milp import shared_bound
 
     exact = exact or exact_milp(ctx, budget, time_limit_s, cancel)
-    shared = shared_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
-    plans = [auto or auto_plan(ctx, budget, cancel, program_time_s=time_limit_s)]
+    shared = shared or shared_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
+    plans = [auto or auto_plan(ctx, budget, cancel, program=shared)]
     if exact.chosen:
         plans.append(ctx.plan_for_set("milp-bound", budget, exact.chosen))
     if shared.chosen:
@@ -207,22 +209,21 @@ def solve_auto(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = No
     return auto_plan(ctx, budget, cancel)
 
 
-def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
-              program_time_s: float | None = None) -> Plan:
-    """``auto``'s plan, giving the shared-mode program at most ``program_time_s`` (default:
-    :func:`auto_program_seconds`)."""
-    program_time_s = auto_program_seconds() if program_time_s is None else program_time_s
+def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None, program=None) -> Plan:
+    """``auto``'s plan; ``program``: the shared-mode program's result at ``budget`` if the caller has it (else it
+    is solved here, for at most :func:`auto_program_seconds`)."""
     plans = []
     for name in KNOWN:
         check(cancel)
         plans.append(SOLVERS[name].solve(ctx, budget, cancel=cancel))
-    if (program_time_s > 0 and len(ctx.rg.candidates) <= AUTO_PROGRAM_MAX_CANDIDATES
+    seconds = auto_program_seconds()
+    if (program is None and seconds > 0 and len(ctx.rg.candidates) <= AUTO_PROGRAM_MAX_CANDIDATES
             and ctx.sim.baseline_peak > budget):
         from acstudio.plan.milp import shared_bound  # scipy.optimize: imported only when used
 
-        program = shared_bound(ctx, budget, time_limit_s=program_time_s, cancel=cancel)
-        if program.chosen:
-            plans.append(ctx.plan_for_set("milp-bound", budget, program.chosen, mode="shared"))
+        program = shared_bound(ctx, budget, time_limit_s=seconds, cancel=cancel)
+    if program is not None and program.chosen:
+        plans.append(ctx.plan_for_set("milp-bound", budget, program.chosen, mode="shared"))
     best = best_of(plans)
     why = f"{best.stop_reason} ({best.solver}'s plan)" if best.recomputed else best.stop_reason
     return dataclasses.replace(best, solver="auto", stop_reason=why)
@@ -367,7 +368,10 @@ def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Co
     picks = [peaks[round(i)] for i in np.linspace(0, len(peaks) - 1, min(milp_points, len(peaks)))]
     for budget in dict.fromkeys(picks):
         check(cancel)
-        auto = auto_plan(ctx, budget, cancel, program_time_s=time_s)
+        from acstudio.plan.milp import shared_bound
+
+        shared = shared_bound(ctx, budget, time_limit_s=time_s, cancel=cancel)  # auto's and milp-bound's
+        auto = auto_plan(ctx, budget, cancel, program=shared)
         base = {"budget_bytes": budget, "auto_extra_ms": auto.predicted_extra_ms}
         exact = exact_milp(ctx, budget, time_s, cancel)
         if "milp" in solvers:
@@ -379,7 +383,7 @@ def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Co
                          "lower_bound_ms": exact.lower_bound_ms, "mutwo_extra_ms": mu.predicted_extra_ms,
                          "gap": _gap(mu.predicted_extra_ms, exact.lower_bound_ms)})
         if "milp-bound" in solvers:
-            p, lower = bounded_plan(ctx, budget, cancel, time_s, auto, exact)
+            p, lower = bounded_plan(ctx, budget, cancel, time_s, auto, exact, shared)
             rows.append({**base, "solver": "milp-bound", "peak_bytes": p.predicted_peak_bytes,
                          "extra_ms": p.predicted_extra_ms, "n_recomputed": len(p.recomputed),
                          "replay_mode": p.replay_mode, "feasible": p.feasible, "note": p.stop_reason,
