@@ -6,6 +6,7 @@ user can cause ends in :class:`~acstudio.gui.dialogs.Messages` and leaves what i
 
 from __future__ import annotations
 
+import gc
 import html
 import os
 import re
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from pyqtgraph.util.garbage_collector import GarbageCollector
 from PySide6.QtCore import QSettings, QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
@@ -90,6 +92,10 @@ class MainWindow(QMainWindow):
         # Planning and layout jobs are Python threads: make them hand the interpreter back to the GUI thread
         # within a millisecond (Python's default is 5 ms, several of which add up to a visible stall in a repaint).
         sys.setswitchinterval(GIL_SWITCH_S)
+        # Python collects reference cycles in whichever thread happens to allocate: a planning thread that drops
+        # the last reference to a Qt wrapper crashes Qt (a segfault in the tests). pyqtgraph's collector turns
+        # automatic collection off and collects on a timer in this, the GUI, thread; closeEvent turns it back on.
+        self._garbage = GarbageCollector(interval=0.5)
         super().__init__()
         self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
         self.setWindowTitle("AC Studio")
@@ -691,6 +697,9 @@ class MainWindow(QMainWindow):
             runner.shutdown()
         self.session.shutdown()
         self.graph.shutdown()
+        self._garbage.timer.stop()
+        gc.enable()
+        gc.collect()  # the worker threads are gone: collect here, in the GUI thread
         super().closeEvent(event)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
