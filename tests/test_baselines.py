@@ -187,6 +187,6 @@ def test_sweep_reports_the_gaps(monkeypatch):
     assert exact.optimal.all() and (exact.gap >= -1e-9).all()
     assert exact.gap.to_numpy() == pytest.approx((exact.mutwo_extra_ms / exact.extra_ms - 1).to_numpy())
     assert (table[table.solver == "milp-bound"].gap_bound >= -1e-9).all()
-    monkeypatch.setattr("acstudio.plan.solvers.SWEEP_MILP_MAX_CANDIDATES", 1)
+    monkeypatch.setattr("acstudio.plan.solvers.PROGRAM_MAX_CANDIDATES", 1)
     notes = sweep(p, ["milp", "milp-bound"]).note
     assert len(notes) == 2 and all(n.startswith("skipped:") and "--solver milp" in n for n in notes)

@@ -79,10 +79,11 @@ def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = N
 
 
 # Time limits of the programs: a plan asked for on its own, and each point of a sweep. Sweeps (the GUI's Pareto
-# chart runs one in the background) leave the programs out past BERT-size graphs: ResNet-152 takes minutes.
+# chart runs one in the background) and auto leave the programs out past BERT-size graphs: ResNet-152 takes
+# minutes.
 MILP_TIME_LIMIT_S = 60.0
 SWEEP_MILP_TIME_LIMIT_S = 20.0
-SWEEP_MILP_MAX_CANDIDATES = 400
+PROGRAM_MAX_CANDIDATES = 400
 
 
 def exact_milp(ctx: PlanContext, budget: int, time_limit_s: float = MILP_TIME_LIMIT_S,
@@ -128,11 +129,9 @@ def bounded_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = Non
 
     exact = exact or exact_milp(ctx, budget, time_limit_s, cancel)
     shared = shared or shared_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
-    plans = [auto or auto_plan(ctx, budget, cancel, program=shared)]
+    plans = [auto or auto_plan(ctx, budget, cancel, program=shared)]  # auto's candidates include shared's set
     if exact.chosen:
         plans.append(ctx.plan_for_set("milp-bound", budget, exact.chosen))
-    if shared.chosen:
-        plans.append(ctx.plan_for_set("milp-bound", budget, shared.chosen, mode="shared"))
     best = best_of(plans)
     lower = min(exact.lower_bound_ms, shared.lower_bound_ms)
     if not best.feasible:
@@ -184,10 +183,9 @@ for _name, _summary in baselines.SUMMARIES.items():
 KNOWN = ("mutwo", "blocks", "per-module", "sqrt-n", "recompute-all", "keep-all")
 
 
-# auto also asks the shared-mode program (acstudio.plan.milp.shared_bound) for its set on graphs up to this size,
-# within ACSTUDIO_AUTO_MILP_SECONDS (default 10; 0 never asks): on the transformer samples it answers in 0-3 s and
-# often finds a faster plan than the others.
-AUTO_PROGRAM_MAX_CANDIDATES = 400
+# auto also asks the shared-mode program (acstudio.plan.milp.shared_bound) for its set on graphs up to
+# PROGRAM_MAX_CANDIDATES, within ACSTUDIO_AUTO_MILP_SECONDS (default 10; 0 never asks): on the transformer samples
+# it answers in 0-3 s and often finds a faster plan than the others.
 AUTO_PROGRAM_TIME_ENV = "ACSTUDIO_AUTO_MILP_SECONDS"
 
 
@@ -217,7 +215,7 @@ def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None, 
         check(cancel)
         plans.append(SOLVERS[name].solve(ctx, budget, cancel=cancel))
     seconds = auto_program_seconds()
-    if (program is None and seconds > 0 and len(ctx.rg.candidates) <= AUTO_PROGRAM_MAX_CANDIDATES
+    if (program is None and seconds > 0 and len(ctx.rg.candidates) <= PROGRAM_MAX_CANDIDATES
             and ctx.sim.baseline_peak > budget):
         from acstudio.plan.milp import shared_bound  # scipy.optimize: imported only when used
 
@@ -357,11 +355,11 @@ def _milp_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Co
                cancel: CancelToken | None) -> list[dict]:
     """At ``milp_points`` budgets of μ-TWO's curve: the exact program's answer (``milp``: μ-TWO's gap against it)
     and the bound of both modes (``milp-bound``: ``auto``'s gap is at most ``gap_bound``), each program stopped
-    after ``time_s``. Past ``SWEEP_MILP_MAX_CANDIDATES`` a row says how to get them instead."""
+    after ``time_s``. Past ``PROGRAM_MAX_CANDIDATES`` a row says how to get them instead."""
     n = len(ctx.rg.candidates)
-    if n > SWEEP_MILP_MAX_CANDIDATES:
+    if n > PROGRAM_MAX_CANDIDATES:
         return [{"solver": s, "note": f"skipped: {n} candidates (sweeps run the programs up to "
-                                      f"{SWEEP_MILP_MAX_CANDIDATES}); plan one budget with --solver {s}"}
+                                      f"{PROGRAM_MAX_CANDIDATES}); plan one budget with --solver {s}"}
                 for s in ("milp", "milp-bound") if s in solvers]
     rows = []
     peaks = sorted({s.predicted_peak_bytes for s in traj.steps[1:]}, reverse=True)
