@@ -2,7 +2,8 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | resnet | sac | verify (one H200 each) | dist (nvidia-h200-x2: 2 GPUs)
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sac | sacbert | sacllama | verify (one H200 each)
+#         | dist (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
 set -u
@@ -28,21 +29,34 @@ run() {  # run NAME TIMEOUT_S BENCH_ARGS...: one bench into /tmp/NAME, its bench
   shift 2
   timeout "$limit" $bench "$@" --out "/tmp/$name"
   cp "/tmp/$name/bench.json" "$out/bench_h200_$name.json"
+  tar czf "$out/workers_$name.tgz" -C "/tmp/$name" workers profiles 2>/dev/null  # logs and the GPU profile
 }
+# Issue 10's eager table: the peers and our rewritten graph at their measured peaks, no compiled rows.
+eager_rows="eager,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op"
 
 case $part in
 bert)  # about 7.5 min
   run bert_bs16_transformers 530 bert -b 16 --configs "$peers,$ours,$ours_compiled" $steps
   ;;
 bert32)  # about 2 min: BERT at batch 32 against the eager peers only (no compiled rows)
-  run bert_bs32_transformers 400 bert -b 32 \
-    --configs eager,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op $steps
+  run bert_bs32_transformers 400 bert -b 32 --configs "$eager_rows" $steps
+  ;;
+eager1)  # about 5 min: issue 10's eager rows for BERT bs16 and GPT-2
+  run bert_bs16_eager 270 bert -b 16 --configs "$eager_rows" $steps
+  run gpt2_bs16_eager 270 gpt2 -b 16 --configs "$eager_rows" $steps
+  ;;
+eager2)  # about 5 min: issue 10's eager rows for the bf16 decoder and BERT bs32
+  run llama_bs8_eager 270 $llama -b 8 --configs "$eager_rows" $steps
+  run bert_bs32_eager 270 bert -b 32 --configs "$eager_rows" $steps
   ;;
 gpt2)  # about 7.5 min
   run gpt2_bs16_transformers 530 gpt2 -b 16 --configs "$peers,$ours,$ours_compiled" $steps
   ;;
 llama)  # about 7 min
   run llama_bs8_transformers 530 $llama -b 8 --configs "$peers,$ours,$ours_compiled" $steps
+  ;;
+resnet-eager)  # about 3 min: the ResNet-152 per-block row again (no regression of the rewritten step)
+  run resnet152_bs64_eager 250 resnet152 -b 64 --configs eager,per-block,rewritten@per-block $steps
   ;;
 resnet)  # about 6 min: the per-block row again (no regression), compile@0.5 and our SAC form at its peak
   run resnet152_bs64_sac 530 resnet152 -b 64 \
@@ -53,6 +67,17 @@ sac)  # about 9 min: the SAC form again now that it recomputes BatchNorm and gro
     --configs per-block,compile,compile+per-block,sac@per-block,sac+compile@compile+per-block $steps
   run resnet152_bs64_sac_bn 270 resnet152 -b 64 \
     --configs per-block,rewritten@per-block,compile,compile@0.5,sac@per-block*1.03,sac+compile@compile@0.5 $steps
+  ;;
+fits)  # about 3 min: the rows that had come out a fraction of a MiB over their budget, with the bench's headroom
+  run gpt2_bs16_fits 200 gpt2 -b 16 --configs per-block,rewritten@per-block $steps
+  run bert_bs32_fits 200 bert -b 32 --configs per-block,rewritten@per-block $steps
+  ;;
+sacbert)  # about 2 min: BERT's SAC plan compiled, at compile+per-block's peak
+  run bert_bs16_sac_compile 170 bert -b 16 --configs compile,compile+per-block,sac+compile@compile+per-block $steps
+  ;;
+sacllama)  # about 3 min: the decoder's SAC rows, with torch.compile's graph breaks and recompilations logged
+  TORCH_LOGS=graph_breaks,recompiles run llama_bs8_sac 270 $llama -b 8 \
+    --configs eager,compile,compile+per-block,sac@per-block,sac+compile@compile+per-block $steps
   ;;
 dist)  # about 5 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per rank; and 1 GPU on all 16
   run llama_bs8x2_dist 420 $llama -b 8 --nproc 2 \
@@ -72,7 +97,7 @@ verify)  # about 3 min: the plans benchmarked at per-block's and 1.15x per-block
     "$out/verify_h200_transformers.json" /tmp/verify_*.json
   ;;
 *)
-  echo "unknown part $part (bert, gpt2, llama, resnet, verify, dist)" >&2
+  echo "unknown part $part (see the usage line)" >&2
   exit 2
   ;;
 esac

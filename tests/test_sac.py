@@ -11,10 +11,12 @@ import torch
 from conftest import tiny_spec
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import CheckpointPolicy
 
 from acstudio.capture import capture_step
 from acstudio.errors import ACStudioError
-from acstudio.export.apply import ModelMismatchError, apply_plan
+from acstudio.export.apply import BlockPolicy, ModelMismatchError, apply_plan
+from acstudio.export.sac import OpDecision
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
@@ -155,6 +157,30 @@ def test_policy_follows_the_plan_op_by_op():
             if writes & freed:
                 assert how == RECOMPUTE, by_id[node_id].target
     assert form.result.peak_bytes < profile.peak_bytes
+
+
+def test_floating_ops_may_come_elsewhere_or_not_at_all():
+    """An alias or a lifted constant is matched where recorded, skipped where it does not come, and saved where it
+    comes unrecorded (tracers place constants differently); any other op out of order is still refused."""
+    ops = [OpDecision("aten.mm.default", "b", True), OpDecision("aten.alias.default", "b", False),
+           OpDecision("aten.relu.default", "b", False)]
+    forward = type("Ctx", (), {"is_recompute": False})()
+
+    def run(*names):
+        policy = BlockPolicy("b", ops)
+        decided = [policy(forward, name) for name in names]
+        policy.check(None)
+        return decided
+
+    MUST_SAVE, MUST_RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.MUST_RECOMPUTE
+    assert run("aten.mm.default", "aten.alias.default", "aten.relu.default") == [MUST_SAVE, MUST_RECOMPUTE,
+                                                                                 MUST_RECOMPUTE]
+    assert run("aten.mm.default", "aten.relu.default") == [MUST_SAVE, MUST_RECOMPUTE]
+    assert run("aten.lift_fresh.default", "aten.mm.default", "aten.relu.default") == [MUST_SAVE, MUST_SAVE,
+                                                                                      MUST_RECOMPUTE]
+    with pytest.raises(ModelMismatchError, match=r"op #0 ran aten\.relu\.default where the profiled model ran "
+                                                 r"aten\.mm\.default"):
+        run("aten.relu.default")
 
 
 def test_a_model_that_differs_is_refused_naming_the_op():

@@ -82,6 +82,15 @@ def test_compare_tolerances():
     assert compare("k", a, {**a, "x": torch.zeros(2)}, 1.0, 1.0).mismatched == ["x"]
 
 
+def test_a_noise_floor_lets_every_tensor_differ_up_to_it():
+    """On a nondeterministic device a tensor may differ by up to the kind's noise floor (twice the largest
+    run-to-run difference of the kind), even a tensor that matched itself exactly; more than that fails."""
+    ref = {"a": torch.zeros(3), "b": torch.zeros(3)}
+    assert compare("k", ref, {"a": torch.zeros(3), "b": torch.tensor([0.0, 0.0, 1.9e-3])}, 0.0, 0.0, 2e-3).passed
+    beyond = {"a": torch.zeros(3), "b": torch.tensor([0.0, 0.0, 2.1e-3])}
+    assert compare("k", ref, beyond, 0.0, 0.0, 2e-3).mismatched == ["b"]
+
+
 @gpu
 def test_cuda_peak_is_measured_and_lower():
     from acstudio.profile.profiler import profile_workload

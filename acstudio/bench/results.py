@@ -82,7 +82,9 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r["memory_saving_pct"] = None if saving is None else 0.0 - saving
         r["peak_mib"] = None if peak is None else peak / MiB
         plan = (r.get("details") or {}).get("plan") or {}
-        budget, predicted = plan.get("budget_bytes"), plan.get("predicted_peak_bytes")
+        # the budget the row must fit (the plan aimed slightly below it: steps.HEADROOM)
+        budget = (r.get("details") or {}).get("budget_bytes", plan.get("budget_bytes"))
+        predicted = plan.get("predicted_peak_bytes")
         r["budget_mib"] = None if budget is None else budget / MiB
         r["predicted_peak_mib"] = None if predicted is None else predicted / MiB
         r["peak_error_pct"] = _pct(peak, predicted) if peak is not None and predicted else None

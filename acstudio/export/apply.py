@@ -43,8 +43,11 @@ _SAME_AS = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default", "aten._un
 
 def canonical(op: str) -> str:
     return _SAME_AS.get(op, op)
-# make_fx records ``detach`` (which SAC hides from its policy) as ``alias``: a recorded alias may not be seen.
-_MAYBE_HIDDEN = "aten.alias.default"
+# Ops that may float: make_fx records ``detach`` (which SAC hides from its policy) as ``alias``, so a recorded
+# alias may not be seen; a constant (``torch.tensor`` in a forward) is lifted where each tracer chooses (torch 2.11's
+# compile lifts one in GPT-2's attention that the capture folded). Neither holds an activation worth planning:
+# they are matched when they come where recorded, skipped when they do not come, and saved when they come elsewhere.
+_FLOATING = {"aten.alias.default", "aten.lift_fresh.default"}
 _INNER = "_acstudio_sac_inner_forward"
 
 
@@ -78,6 +81,8 @@ class BlockPolicy:
         calls = self.calls[ctx.is_recompute]
         save = self.decisions.get((op, calls[op]))
         calls[op] += 1
+        if save is None and op in _FLOATING:
+            return CheckpointPolicy.MUST_SAVE
         if save is None:
             raise ModelMismatchError(f"block {self.block} ran {op} more often than the profiled model "
                                      "— profile and plan this model again")
@@ -86,12 +91,16 @@ class BlockPolicy:
     def check(self, op: str | None) -> None:
         """Refuse the op the block runs at the current position (``None``: its forward ended) unless recorded."""
         i = self.position
-        while i < len(self.ops) and self.ops[i].op == _MAYBE_HIDDEN and op != _MAYBE_HIDDEN:
-            self.calls[False][_MAYBE_HIDDEN] += 1
+        while i < len(self.ops) and self.ops[i].op in _FLOATING and op != self.ops[i].op:
+            if op in _FLOATING:  # a floating op where another was recorded: take it as it comes
+                return
+            self.calls[False][self.ops[i].op] += 1  # the recorded one did not come: skip it
             i += 1
         self.position = i
         expected = self.ops[i] if i < len(self.ops) else None
         if op is None and expected is None:
+            return
+        if op in _FLOATING and (expected is None or op != expected.op):
             return
         if expected is None or op != expected.op:
             ran = f"ran {op}" if op else "ended"
@@ -120,15 +129,21 @@ def _buffers_restored(module: torch.nn.Module, recompute_context):
                 b.copy_(s)
 
 
+def _under_compile() -> bool:
+    """Whether torch.compile is tracing: Dynamo's frame, or AOTAutograd tracing the checkpoint's body for it
+    (where ``is_compiling()`` is False but Dynamo's tracing context is still set)."""
+    return torch.compiler.is_compiling() or torch._guards.TracingContext.try_get() is not None
+
+
 def _contexts(block: str, module: torch.nn.Module, ops: list[OpDecision], policies: list[BlockPolicy]):
     """``context_fn`` of one checkpoint call: a fresh policy (its own counters) in SAC's two contexts.
 
     Under torch.compile the partitioner recomputes the functional ops only and mutates buffers once, in forward,
-    so the buffers are restored in eager only."""
+    so the buffers are restored in eager only (torch 2.11 also refuses any recompute context but SAC's own)."""
     policy = BlockPolicy(block, ops)
     policies.append(policy)
     forward_context, recompute_context = create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
-    if torch.compiler.is_compiling():
+    if _under_compile():
         return forward_context, recompute_context
     return forward_context, _buffers_restored(module, recompute_context)
 
@@ -144,7 +159,7 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> No
 
     def forward(*args, **kwargs):
         out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-        if policies and not torch.compiler.is_compiling():
+        if policies and not _under_compile():
             policies.pop().check(None)  # eager: the block ran all the recorded ops
             policies.clear()
         return out

@@ -5,8 +5,8 @@ same way, ``torch.manual_seed`` before each), and everything one iteration produ
 updated parameters, buffers (BatchNorm running statistics catch a double update) and optimizer state. A replay
 re-executes the same kernels on the same inputs, so results must be bitwise identical wherever the kernels are
 deterministic: always on the CPU. On CUDA deterministic kernels are requested while verifying and the captured
-step runs twice; if its two runs still differ (atomics in some backward kernels), a tensor passes when it is within
-an fp32 tolerance or no further from the reference than twice that run-to-run difference.
+step runs three times; if its runs still differ (atomics in some backward kernels), a tensor passes when it is within
+an fp32 tolerance or no further from the reference than twice the largest run-to-run difference of its kind.
 
 On CUDA each step's peak is measured after that warm-up run with only its inputs alive. The storage-accounted peak
 (:mod:`acstudio.rewrite.memory`) is reported on every device, beside the plan's prediction.
@@ -40,6 +40,11 @@ from acstudio.workload import WorkloadSpec, build_workload
 from acstudio.workload.spec import move_batch
 
 KINDS = ("loss", "gradients", "parameters", "buffers", "optimizer_state")
+# On CUDA the captured step runs this many more times. A tensor may differ from the reference by up to twice the
+# largest run-to-run difference of its kind: the noise is the step's, not one tensor's (after Adam a parameter
+# moves by up to the learning rate wherever atomics changed a near-zero gradient's last bits), and one rerun
+# samples it thinly: on the H200 a per-tensor bound from one rerun failed 2 of 6 correct plans.
+REFERENCE_RERUNS = 2
 # fp32 tolerance for devices with non-deterministic kernels; bf16 autocast rounds far more coarsely.
 TOLERANCE = {"fp32": (1e-4, 1e-5), "bf16": (2e-2, 1e-3)}  # (rtol, atol)
 
@@ -75,7 +80,7 @@ class VerifyResult:
     predicted_peak_bytes: int | None = None  # the plan's
     measured_peak_bytes: int | None = None  # CUDA only: max_memory_allocated of the rewritten step
     measured_baseline_peak_bytes: int | None = None  # CUDA only: the same for the captured step
-    run_to_run: list[Comparison] | None = None  # CUDA only: the captured step against a second run of itself
+    run_to_run: list[Comparison] | None = None  # CUDA only: the captured step against its reruns (largest)
 
     @property
     def passed(self) -> bool:
@@ -140,9 +145,12 @@ def verify(profile: Profile, plan, device: str = "cpu", progress: ProgressFn | N
             check(cancel)
             if dev.type != "cpu":
                 report(progress, 3, total, "running the captured step again (run-to-run difference)")
-                again, _ = _run(step, master, spec, dev, measure=False)
-                noise = [compare(kind, reference[kind], again[kind], 0.0, 0.0) for kind in KINDS]
-                check(cancel)
+                reruns = []
+                for _ in range(REFERENCE_RERUNS):
+                    reruns.append(_run(step, master, spec, dev, measure=False)[0])
+                    check(cancel)
+                noise = [max((compare(kind, reference[kind], again[kind], 0.0, 0.0) for again in reruns),
+                             key=lambda c: c.max_abs) for kind in KINDS]
             report(progress, 4, total, "running the rewritten step")
             result, peak = _run(rewritten, master, spec, dev)
             check(cancel)
@@ -156,9 +164,8 @@ def verify(profile: Profile, plan, device: str = "cpu", progress: ProgressFn | N
     report(progress, 5, total, "comparing")
     exact = noise is None or all(c.passed for c in noise)
     rtol, atol = (0.0, 0.0) if exact else TOLERANCE[spec.precision]
-    noise_of = {} if exact else {c.kind: c for c in noise}
-    comparisons = [compare(kind, reference[kind], result[kind], rtol, atol,
-                           again[kind] if kind in noise_of else None) for kind in KINDS]
+    floor = {} if exact else {c.kind: 2 * c.max_abs for c in noise}
+    comparisons = [compare(kind, reference[kind], result[kind], rtol, atol, floor.get(kind, 0.0)) for kind in KINDS]
     report(progress, total, total, "verified")
     return VerifyResult(
         device=str(dev), recomputed=len(recomputed),
@@ -243,11 +250,10 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: tor
 
 
 def compare(kind: str, expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], rtol: float,
-            atol: float, noise: dict[str, torch.Tensor] | None = None) -> Comparison:
+            atol: float, noise_floor: float = 0.0) -> Comparison:
     """Max absolute / relative difference over all tensors of one kind, and which are outside the tolerance.
 
-    With ``noise`` (a second run of the reference), a tensor also passes if it is no further from the reference
-    than twice that run's largest difference.
+    A tensor also passes if no element is further from the reference than ``noise_floor``.
     """
     out = Comparison(kind=kind, tensors=len(expected), max_abs=0.0, max_rel=0.0, worst="")
     for name in sorted(expected.keys() | actual.keys()):
@@ -259,8 +265,7 @@ def compare(kind: str, expected: dict[str, torch.Tensor], actual: dict[str, torc
             continue
         a64, b64 = a.double(), b.double()  # exact for the dtypes a step holds (fp32, bf16, integers, bools)
         diff = (a64 - b64).abs().nan_to_num(0.0)
-        floor = 2 * (noise[name].double() - b64).abs().nan_to_num(0.0).max().item() if noise else 0.0
-        if not torch.allclose(a64, b64, rtol=rtol, atol=atol, equal_nan=True) and diff.max().item() > floor:
+        if not torch.allclose(a64, b64, rtol=rtol, atol=atol, equal_nan=True) and diff.max().item() > noise_floor:
             out.mismatched.append(name)
         ref = b64.abs()
         nonzero = ref > 0
@@ -269,3 +274,4 @@ def compare(kind: str, expected: dict[str, torch.Tensor], actual: dict[str, torc
         if bool(nonzero.any()):
             out.max_rel = max(out.max_rel, (diff[nonzero] / ref[nonzero]).max().item())
     return out
+
