@@ -28,6 +28,7 @@ from acstudio.plan.model import Plan
 from acstudio.profile.model import REGIONS, Profile
 from acstudio.units import format_bytes
 from acstudio.views import graph_layout as gl
+from acstudio.views.child import sweep_in_child
 from acstudio.workload import WorkloadSpec
 
 # Background work shares 2 cores with the test itself on CI, so no wait may rely on pytest-qt's 5 s default.
@@ -299,6 +300,16 @@ def test_status_speaks_to_users_and_pareto_draws_baselines_as_points(qtbot, wind
     rows = window.budget.others["recompute-all"]
     x, _y = rows.getData()
     assert rows.opts["pen"] is None and 1 <= len(x) <= 2
+
+
+def test_the_sweep_child_sends_the_curves_before_the_programs(tiny_profile_path):
+    """The Pareto chart's curves and baselines arrive before the exact programs are solved; the final answer
+    holds both."""
+    early = []
+    rows = sweep_in_child(str(tiny_profile_path), on_rows=early.append)
+    assert len(early) == 1 and {r["solver"] for r in early[0]} >= {"auto", "blocks", "recompute-all"}
+    assert not {"milp", "milp-bound"} & {r["solver"] for r in early[0]}
+    assert rows[:len(early[0])] == early[0] and {"milp", "milp-bound"} <= {r["solver"] for r in rows}
 
 
 def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile_path, tmp_path):

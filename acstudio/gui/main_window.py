@@ -84,6 +84,7 @@ def default_data_dir() -> str:
 class MainWindow(QMainWindow):
     liveMemory = Signal(int, object, int)  # (first node, peak bytes per node, nodes): a profile being measured
     floorExplained = Signal(str, str)  # (profile path, what sets its AC floor), from the sweep's child process
+    sweepRowsReady = Signal(str, list)  # (profile path, the sweep's rows but the programs'), before it ends
 
     def __init__(self, settings: QSettings | None = None, cache_dir: str | None = None,
                  messages: Messages | None = None, data_dir: str | None = None) -> None:
@@ -191,6 +192,7 @@ class MainWindow(QMainWindow):
         self.runners["profile"].resultReady.connect(self._on_profiled)
         self.runners["sweep"].resultReady.connect(self._on_sweep)
         self.floorExplained.connect(self._on_floor_note)
+        self.sweepRowsReady.connect(self._on_sweep_rows)
         self.runners["probe"].resultReady.connect(self._on_environment)
         self._environment: dict | None = None
         self._env_dialogs: list[NewProfileDialog | BenchDialog] = []
@@ -389,7 +391,8 @@ class MainWindow(QMainWindow):
         self._waiting_first_plan = False
         path = self.session.loaded.path
         self.runners["sweep"].submit(partial(sweep_in_child, path,
-                                             on_floor=lambda note: self.floorExplained.emit(path, note)))
+                                             on_floor=lambda note: self.floorExplained.emit(path, note),
+                                             on_rows=lambda rows: self.sweepRowsReady.emit(path, rows)))
         self.graph.allow_prefetch()
         QTimer.singleShot(0, self._size_table_columns)
 
@@ -430,6 +433,11 @@ class MainWindow(QMainWindow):
         self.session.solver = solver
         if self.session.loaded is not None:
             self.set_budget(self.budget.budget_bytes())
+
+    def _on_sweep_rows(self, path: str, rows: list[dict]) -> None:
+        loaded = self.session.loaded
+        if loaded is not None and loaded.path == path:
+            self._on_sweep(rows)
 
     def _on_sweep(self, rows: list[dict]) -> None:
         """Other solvers' operating points on the Pareto chart. Rows without a peak are notes for the curious (a

@@ -101,9 +101,13 @@ def _environment() -> dict[str, Any]:
             "precisions": list(PRECISIONS)}
 
 
+PROGRAMS = ("milp", "milp-bound")  # solved at a few budgets, for seconds each on a transformer: they come last
+
+
 def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
-    """Every solver but μ-TWO (whose curve the window already has), as JSON-ready rows; first, what sets the
-    floor, in a sentence (emitted on its own: it is ready long before the sweep)."""
+    """Every solver but μ-TWO (whose curve the window already has), as JSON-ready rows. Emitted on their own
+    before that: what sets the floor, in a sentence, then the curves and baselines (well under a second), so the
+    chart does not wait for the programs' tens of seconds."""
     import math
 
     from acstudio.plan.peak import floor_sentence
@@ -111,12 +115,17 @@ def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
     from acstudio.plan.solvers import SOLVERS, sweep
     from acstudio.profile.model import Profile
 
+    def rows(solvers: list[str]) -> list[dict[str, Any]]:
+        df = sweep(profile, solvers, ctx=ctx)  # the context caches μ-TWO's trajectory for the second call
+        return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+                for row in df.to_dict(orient="records")]
+
     profile = Profile.load(profile_path)
     ctx = PlanContext(profile)
     _emit({"floor": floor_sentence(ctx)})
-    df = sweep(profile, [s for s in SOLVERS if s != "mutwo"], ctx=ctx)
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-            for row in df.to_dict(orient="records")]
+    curves = rows([s for s in SOLVERS if s != "mutwo" and s not in PROGRAMS])
+    _emit({"rows": curves})
+    return curves + rows([s for s in SOLVERS if s in PROGRAMS])
 
 
 def _run(fn) -> int:
@@ -244,13 +253,16 @@ def probe_environment(progress: ProgressFn | None = None, cancel: CancelToken | 
 
 
 def sweep_in_child(profile_path: str, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
-                   on_floor=None) -> list[dict[str, Any]]:
+                   on_floor=None, on_rows=None) -> list[dict[str, Any]]:
     """The other solvers' operating points (rows of :func:`acstudio.plan.sweep`), computed in a child process;
     ``on_floor(sentence)`` receives what sets the AC floor (:func:`acstudio.plan.peak.floor_sentence`) as soon as
-    the child has it. Both are half a second to seconds of pure Python: in a thread they would stall the window."""
+    the child has it, ``on_rows(rows)`` the rows of every solver but the programs before those are solved. All of
+    it is pure Python, half a second to tens of seconds: in a thread it would stall the window."""
     def forward(message: dict[str, Any]) -> None:
         if "floor" in message and on_floor is not None:
             on_floor(message["floor"])
+        if "rows" in message and on_rows is not None:
+            on_rows(message["rows"])
 
     return _call(["sweep", str(profile_path)], cancel, forward)["rows"]
 
