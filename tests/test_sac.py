@@ -160,8 +160,8 @@ def test_policy_follows_the_plan_op_by_op():
 
 
 def test_floating_ops_may_come_elsewhere_or_not_at_all():
-    """An alias or a lifted constant is matched where recorded, skipped where it does not come, and saved where it
-    comes unrecorded (tracers place constants differently); any other op out of order is still refused."""
+    """An alias, a lifted constant or a clone is matched where recorded, skipped where it does not come, and
+    recomputed where it comes unrecorded (tracers place them differently); any other op out of order is refused."""
     ops = [OpDecision("aten.mm.default", "b", True), OpDecision("aten.alias.default", "b", False),
            OpDecision("aten.relu.default", "b", False)]
     forward = type("Ctx", (), {"is_recompute": False})()
@@ -176,8 +176,8 @@ def test_floating_ops_may_come_elsewhere_or_not_at_all():
     assert run("aten.mm.default", "aten.alias.default", "aten.relu.default") == [MUST_SAVE, MUST_RECOMPUTE,
                                                                                  MUST_RECOMPUTE]
     assert run("aten.mm.default", "aten.relu.default") == [MUST_SAVE, MUST_RECOMPUTE]
-    assert run("aten.lift_fresh.default", "aten.mm.default", "aten.relu.default") == [MUST_SAVE, MUST_SAVE,
-                                                                                      MUST_RECOMPUTE]
+    assert run("aten.lift_fresh.default", "aten.mm.default", "aten.clone.default", "aten.relu.default") == [
+        MUST_RECOMPUTE, MUST_SAVE, MUST_RECOMPUTE, MUST_RECOMPUTE]
     with pytest.raises(ModelMismatchError, match=r"op #0 ran aten\.relu\.default where the profiled model ran "
                                                  r"aten\.mm\.default"):
         run("aten.relu.default")

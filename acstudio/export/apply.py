@@ -43,11 +43,12 @@ _SAME_AS = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default", "aten._un
 
 def canonical(op: str) -> str:
     return _SAME_AS.get(op, op)
-# Ops that may float: make_fx records ``detach`` (which SAC hides from its policy) as ``alias``, so a recorded
-# alias may not be seen; a constant (``torch.tensor`` in a forward) is lifted where each tracer chooses (torch 2.11's
-# compile lifts one in GPT-2's attention that the capture folded). Neither holds an activation worth planning:
-# they are matched when they come where recorded, skipped when they do not come, and saved when they come elsewhere.
-_FLOATING = {"aten.alias.default", "aten.lift_fresh.default"}
+# Ops that tracers place differently: make_fx records ``detach`` (which SAC hides from its policy) as ``alias``, so
+# a recorded alias may not be seen; a constant (``torch.tensor`` in a forward) is lifted where each tracer chooses;
+# torch 2.11's compile traces ``dropout(p=0)`` as a clone that the capture did not record. They are matched when
+# they come where recorded, skipped when they do not come, and recomputed when they come unrecorded: a view, a
+# constant or a copy is cheap to redo, and holding it would put memory on top of the prediction.
+_FLOATING = {"aten.alias.default", "aten.lift_fresh.default", "aten.clone.default"}
 _INNER = "_acstudio_sac_inner_forward"
 
 
@@ -82,7 +83,7 @@ class BlockPolicy:
         save = self.decisions.get((op, calls[op]))
         calls[op] += 1
         if save is None and op in _FLOATING:
-            return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.MUST_RECOMPUTE
         if save is None:
             raise ModelMismatchError(f"block {self.block} ran {op} more often than the profiled model "
                                      "— profile and plan this model again")
