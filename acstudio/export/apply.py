@@ -14,6 +14,7 @@ the same model.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from contextlib import contextmanager
@@ -43,6 +44,12 @@ _SAME_AS = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default", "aten._un
 
 def canonical(op: str) -> str:
     return _SAME_AS.get(op, op)
+
+
+@functools.cache
+def _name(func) -> str:
+    """An overload's canonical name, once per overload: the policy runs for every op of every block call."""
+    return canonical(str(func))
 # Ops that tracers place differently: make_fx records ``detach`` (which SAC hides from its policy) as ``alias``, so
 # a recorded alias may not be seen; a constant (``torch.tensor`` in a forward) is lifted where each tracer chooses;
 # torch 2.11's compile traces ``dropout(p=0)`` as a clone that the capture did not record. They are matched when
@@ -76,7 +83,7 @@ class BlockPolicy:
         self.position = 0
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        op = canonical(str(func))
+        op = _name(func)
         if not ctx.is_recompute:
             self.check(op)
         calls = self.calls[ctx.is_recompute]
