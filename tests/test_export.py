@@ -202,8 +202,8 @@ def test_formats_are_chosen_and_the_sac_policy_round_trips(tmp_path):
     form = simulate_sac(profile, plan.recomputed)
     assert loaded.freed == form.freed and loaded.predicted_peak_bytes == form.result.peak_bytes
     assert sorted(loaded.blocks) == ["transformer.h.0", "transformer.h.1"]
-    assert any(d.save for d in loaded.blocks["transformer.h.0"])
-    assert any(not d.save for d in loaded.blocks["transformer.h.0"])
+    # recompute-all saves nothing in a GPT-2 layer: even its output only passes through (the caller holds it)
+    assert loaded.blocks["transformer.h.0"] and not any(d.save for d in loaded.blocks["transformer.h.0"])
 
     everything = {os.path.basename(f) for f in export(profile, plan, tmp_path / "all")}
     assert {"step.py", "schedule.json", "sac_policy.json"} <= everything

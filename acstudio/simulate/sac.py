@@ -130,6 +130,19 @@ class SacBlocks:
                 if self.block[u] != self.block[i]:
                     own = [k for k in self.writes.get(u, []) if self.block[rg.created[k]] == self.block[u]]
                     self.leaves[own] = True
+        # Leaving activations that their own block neither reads nor saves: the block's replay never makes them
+        # again, so only the caller holds them, and their op need not be saved (compiled, that would force the
+        # partitioner to save them: the last decoder layer's output, which only the final norm reads). Backward
+        # nodes carry no reliable block, so "saves" is read from forward: make_fx records autograd saving an op's
+        # own output as an ``alias`` of it (a ResNet block's ReLU output, which its backward reads).
+        own_reads = np.zeros(len(rg.bytes), dtype=bool)
+        for i in fw:
+            writes = set(self.writes[i])
+            read = {k for u in inputs[i] if self.block[u] == self.block[i] for k in self.writes.get(u, [])}
+            if nodes[i].target == "aten.alias.default":
+                own_reads[list(writes)] = True
+            own_reads[list(read - writes)] = True
+        self.passes_through = self.leaves & ~own_reads
         self.inputs = inputs
 
     @staticmethod
@@ -166,11 +179,12 @@ class SacBlocks:
         freed[list(recomputed)] = True
         freed &= self.freeable
         random_saved: set[str] = set()  # blocks whose random ops are all saved
+        passes = self.passes_through  # only the caller holds them: saving their op would just force a compiled save
         while True:
             save: dict[int, bool] = {}
             for b in self.blocks:
                 for i in self.fw_nodes[b]:  # forward order: what i reads is decided before i
-                    save[i] = (bool(self.forced[i]) or any(not freed[k] for k in self.writes[i])
+                    save[i] = (bool(self.forced[i]) or any(not (freed[k] or passes[k]) for k in self.writes[i])
                                or any(self.block[u] != b or save.get(u, True) for u in self.stale_reads[i])
                                or (b in random_saved and i in self.random_ops[b]))
             newly = {b for b in self.blocks if b not in random_saved and any(save[i] for i in self.random_ops[b])}
