@@ -418,12 +418,19 @@ def test_per_op_saves_attention_and_every_second_matmul_and_keeps_gradients():
 
     spec = tiny_spec("bert", batch_size=2)
     plain, selective = build_workload(spec), build_workload(spec)
-    assert enable_per_block(selective, per_op_context) == 2
+    contexts = []
+
+    def counted_context():
+        contexts.append(1)
+        return per_op_context()
+
+    assert enable_per_block(selective, counted_context) == 2
     for w in (plain, selective):  # the same dropout masks: checkpointing replays them with the saved RNG state
         torch.manual_seed(7)
         w.loss_fn(w.model, w.batch).backward()
     for (name, p), q in zip(plain.model.named_parameters(), selective.model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert len(contexts) == 2  # Hugging Face's checkpointing took our policy: one context per layer call
 
 
 def test_config_registry_names_the_peers_and_budget_references():

@@ -247,12 +247,17 @@ def find_blocks(workload: Workload) -> list[torch.nn.Module]:
 
 
 def enable_per_block(workload: Workload, context_fn: Callable | None = None) -> int:
-    """Checkpoint every block the way practitioners do (Hugging Face: its own ``gradient_checkpointing_enable``);
-    with ``context_fn`` as selective checkpointing. Returns how many blocks are checkpointed."""
+    """Checkpoint every block the way practitioners do (Hugging Face: its own ``activation_checkpointing_enable``,
+    ``gradient_checkpointing_enable`` in older releases); with ``context_fn`` as selective
+    checkpointing. Returns how many blocks are checkpointed."""
     blocks = find_blocks(workload)
     if workload.family == "transformers":
         kwargs = {"use_reentrant": False} | ({} if context_fn is None else {"context_fn": context_fn})
-        workload.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model = workload.model
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         for block in blocks:
             checkpoint_forward(block, context_fn)
