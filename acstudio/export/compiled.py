@@ -28,8 +28,9 @@ def saved_storage_bytes(values) -> int:
 
 def compiled_saved_bytes(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                          batch) -> list[int]:
-    """Run one forward and backward of ``torch.compile(model)`` (no code generation) and return, per compiled
-    graph, the bytes of the tensors its forward saves for backward, as Inductor's partitioner chooses them."""
+    """Run one forward and backward of ``torch.compile(model)`` (no code generation, static shapes so that the
+    sizes are the batch's, not symbols) and return, per compiled graph, the bytes of the tensors its forward
+    saves for backward, as Inductor's partitioner chooses them."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -48,7 +49,7 @@ def compiled_saved_bytes(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Mod
     backend = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition)
     torch._dynamo.reset()
     try:
-        loss_fn(torch.compile(model, backend=backend), batch).backward()
+        loss_fn(torch.compile(model, backend=backend, dynamic=False), batch).backward()
     finally:
         torch._dynamo.reset()
     return saved
