@@ -300,6 +300,11 @@ def test_status_speaks_to_users_and_pareto_draws_baselines_as_points(qtbot, wind
     rows = window.budget.others["recompute-all"]
     x, _y = rows.getData()
     assert rows.opts["pen"] is None and 1 <= len(x) <= 2
+    # the sweep's early rows and its final rows draw every solver twice: each keeps its own colour and symbol
+    qtbot.waitUntil(lambda: not window.runners["sweep"].busy, timeout=WAIT_MS)
+    looks = {name: (c.opts["pen"].color().getRgb()[:3] if c.opts["pen"] is not None else c.opts["symbolBrush"],
+                    c.opts["symbol"]) for name, c in window.budget.others.items()}
+    assert len(set(looks.values())) == len(looks), looks
 
 
 def test_the_sweep_child_sends_the_curves_before_the_programs(tiny_profile_path):

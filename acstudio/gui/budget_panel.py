@@ -28,8 +28,10 @@ from acstudio.views.pareto import pareto_shape
 GIB = float(2**30)
 STEPS = 1000  # slider resolution between the floor and the baseline peak
 DEBOUNCE_MS = 40
-SOLVER_SYMBOLS = ["s", "d", "t", "star", "p"]
-SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120), (0, 150, 170)]
+# One colour and symbol per solver the sweep draws (eight today), so no two share a look.
+SOLVER_SYMBOLS = ["s", "d", "t", "star", "p", "h", "t1", "x"]
+SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120), (0, 150, 170), (170, 110, 60),
+                  (200, 60, 140), (90, 90, 220)]
 
 
 class BudgetPanel(QWidget):
@@ -81,6 +83,7 @@ class BudgetPanel(QWidget):
         legend = item.addLegend(offset=(-10, 10), labelTextSize="7pt", labelTextColor=(30, 30, 30))
         self.curve = item.plot([], [], pen=pg.mkPen((70, 130, 220), width=2), name="μ-TWO", stepMode=None)
         self.others: dict[str, pg.PlotDataItem] = {}
+        self.style_slots: dict[str, int] = {}  # solver -> its colour and symbol, kept when it is drawn again
         self.measured = pg.ScatterPlotItem(size=9, symbol="s", brush=pg.mkBrush(0, 160, 160),
                                            pen=pg.mkPen("k"), name="measured")
         item.addItem(self.measured)
@@ -194,11 +197,12 @@ class BudgetPanel(QWidget):
             self.pareto.getPlotItem().removeItem(old)
             self.pareto.getPlotItem().legend.removeItem(old)
         x, y, as_curve = pareto_shape(extra_ms, peak_bytes)
-        r, g, b = SOLVER_COLOURS[len(self.others) % len(SOLVER_COLOURS)]
+        slot = self.style_slots.setdefault(solver, len(self.style_slots))
+        r, g, b = SOLVER_COLOURS[slot % len(SOLVER_COLOURS)]
         if as_curve:
             curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=pg.mkPen((r, g, b), width=2), name=solver)
         else:
-            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=None, symbol=SOLVER_SYMBOLS[len(self.others) % len(
+            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=None, symbol=SOLVER_SYMBOLS[slot % len(
                 SOLVER_SYMBOLS)], symbolSize=9, symbolBrush=(r, g, b), symbolPen=pg.mkPen("k"), name=solver)
             curve.setZValue(5)  # baseline points sit on top of any curve
         cache_pixmaps(curve.curve, curve.scatter)
@@ -213,6 +217,7 @@ class BudgetPanel(QWidget):
             self.pareto.getPlotItem().removeItem(curve)
             self.pareto.getPlotItem().legend.removeItem(curve)
         self.others = {}
+        self.style_slots = {}
         self.measured.setData([], [])
 
     def set_measured(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
