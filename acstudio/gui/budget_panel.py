@@ -28,9 +28,10 @@ from acstudio.views.pareto import pareto_shape
 GIB = float(2**30)
 STEPS = 1000  # slider resolution between the floor and the baseline peak
 DEBOUNCE_MS = 40
-# One colour and symbol per solver the sweep draws (eight today), so no two share a look.
+# One colour and symbol per solver the sweep draws (eight today), so no two share a look (nor the measured
+# points' teal).
 SOLVER_SYMBOLS = ["s", "d", "t", "star", "p", "h", "t1", "x"]
-SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120), (0, 150, 170), (170, 110, 60),
+SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120), (190, 170, 0), (170, 110, 60),
                   (200, 60, 140), (90, 90, 220)]
 
 
