@@ -110,7 +110,17 @@ class SacBlocks:
         # update them, so it may read them updated.
         self.stale_reads = {i: [u for u in inputs[i] if rg._stale[u]] if nodes[i].target not in BATCH_NORM_OPS
                             else [] for i in fw}
-        # First backward node reading a forward value of each block; last forward node backward reads.
+        # Activations that leave their block in forward: the caller holds them, SAC cannot free them.
+        self.leaves = np.zeros(len(rg.bytes), dtype=bool)
+        for i in fw:
+            for u in inputs[i]:
+                if self.block[u] != self.block[i]:
+                    own = [k for k in self.writes.get(u, []) if self.block[rg.created[k]] == self.block[u]]
+                    self.leaves[own] = True
+        # First backward node that unpacks a value the block saved (the checkpoint's replay), last forward node
+        # such an unpack reads (its early stop), last backward node reading any of its values. A leaving value
+        # read in backward through a node other than its saved-output alias is a neighbour's read (the next block's
+        # checkpoint holds it as its argument): it does not replay this block.
         self.replay_at: dict[str, int] = {}
         self.stop: dict[str, int] = {}
         self.backward_end: dict[str, int] = {}
@@ -119,17 +129,14 @@ class SacBlocks:
                 continue
             for u in inputs[j]:
                 b = self.block[u]
-                if b:
-                    self.replay_at.setdefault(b, j)
-                    self.backward_end[b] = j
-                    self.stop[b] = max(self.stop.get(b, -1), u)
-        # Activations that leave their block in forward: the caller holds them, SAC cannot free them.
-        self.leaves = np.zeros(len(rg.bytes), dtype=bool)
-        for i in fw:
-            for u in inputs[i]:
-                if self.block[u] != self.block[i]:
-                    own = [k for k in self.writes.get(u, []) if self.block[rg.created[k]] == self.block[u]]
-                    self.leaves[own] = True
+                if not b:
+                    continue
+                self.backward_end[b] = j
+                writes = self.writes.get(u, [])
+                if writes and self.leaves[writes].all() and nodes[u].target != "aten.alias.default":
+                    continue
+                self.replay_at.setdefault(b, j)
+                self.stop[b] = max(self.stop.get(b, -1), u)
         # Leaving activations that their own block neither reads nor saves: the block's replay never makes them
         # again, so only the caller holds them, and their op need not be saved (compiled, that would force the
         # partitioner to save them: the last decoder layer's output, which only the final norm reads). Backward
