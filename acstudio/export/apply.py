@@ -50,6 +50,8 @@ def canonical(op: str) -> str:
 def _name(func) -> str:
     """An overload's canonical name, once per overload: the policy runs for every op of every block call."""
     return canonical(str(func))
+
+
 # Ops that tracers place differently: make_fx records ``detach`` (which SAC hides from its policy) as ``alias``, so
 # a recorded alias may not be seen; a constant (``torch.tensor`` in a forward) is lifted where each tracer chooses;
 # torch 2.11's compile traces ``dropout(p=0)`` as a clone that the capture did not record. They are matched when
@@ -99,16 +101,14 @@ class BlockPolicy:
     def check(self, op: str | None) -> None:
         """Refuse the op the block runs at the current position (``None``: its forward ended) unless recorded."""
         i = self.position
+        if op in _FLOATING and (i >= len(self.ops) or self.ops[i].op != op):
+            return  # a floating op that was not recorded here: take it as it comes
         while i < len(self.ops) and self.ops[i].op in _FLOATING and op != self.ops[i].op:
-            if op in _FLOATING:  # a floating op where another was recorded: take it as it comes
-                return
             self.calls[False][self.ops[i].op] += 1  # the recorded one did not come: skip it
             i += 1
         self.position = i
         expected = self.ops[i] if i < len(self.ops) else None
         if op is None and expected is None:
-            return
-        if op in _FLOATING and (expected is None or op != expected.op):
             return
         if expected is None or op != expected.op:
             ran = f"ran {op}" if op else "ended"

@@ -312,7 +312,7 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
         if best is None or step.simulated_peak_bytes < best:
             best = step.simulated_peak_bytes
             points.append((best, step.extra_ms, j, "again", "mutwo"))
-    for name in baselines.FIXED:
+    for name in [n for n in baselines.FIXED if n in solvers or "auto" in solvers]:  # auto is their envelope too
         check(cancel)
         real = baselines.REAL_MODES[name]
         for mode in ("again", "shared"):

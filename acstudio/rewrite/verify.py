@@ -274,4 +274,3 @@ def compare(kind: str, expected: dict[str, torch.Tensor], actual: dict[str, torc
         if bool(nonzero.any()):
             out.max_rel = max(out.max_rel, (diff[nonzero] / ref[nonzero]).max().item())
     return out
-
