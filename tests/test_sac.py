@@ -185,6 +185,32 @@ def test_floating_ops_may_come_elsewhere_or_not_at_all():
         run("aten.relu.default")
 
 
+def test_a_block_that_saves_nothing_runs_a_plain_checkpoint_after_its_first_call(monkeypatch):
+    """SAC's dispatch mode (the policy, called for every op) runs in a recompute-all block's first call only,
+    which checks the model; later calls are plain checkpoints, and training stays bitwise like eager."""
+    w, profile = captured("gpt2")
+    plan = plans("gpt2")["recompute-all"]
+    decisions = simulate_sac(profile, plan.recomputed).decisions
+    assert decisions and all(how == RECOMPUTE for ops in decisions.values() for _, how in ops
+                             if profile.node_by_id[_].target not in ("aten.alias.default", "aten.clone.default"))
+    calls = []
+    original = BlockPolicy.__call__
+    monkeypatch.setattr(BlockPolicy, "__call__",
+                        lambda self, *a, **k: calls.append(self.block) or original(self, *a, **k))
+
+    def step(model):
+        w.loss_fn(model, w.batch).backward()
+        return len(calls)
+
+    in_first_step = step(apply_plan(copy.deepcopy(w.model), (profile, plan)))
+    assert set(calls) == set(decisions)
+    calls.clear()
+    model = apply_plan(copy.deepcopy(w.model), (profile, plan))
+    for a, b in zip(train(model, w), train(copy.deepcopy(w.model), w), strict=True):
+        assert torch.equal(a, b)
+    assert len(calls) == in_first_step and step(model) == in_first_step
+
+
 def test_a_model_that_differs_is_refused_naming_the_op():
     w, profile = captured("gpt2")
     plan = plans("gpt2")["recompute-all"]

@@ -108,21 +108,28 @@ def prepare_compile(req: Request) -> Prepared:
 def model_step(req: Request, apply_checkpointing: Callable[[Workload], dict[str, Any] | None]) -> Prepared:
     """Build the workload, checkpoint it, spread it over the ranks (FSDP2/DDP) and compile it, as configured.
 
-    The optimizer is made last, over the parameters as the parallel wrapper left them (FSDP2 shards them).
+    On one device the whole model is compiled. Under FSDP2/DDP each block is compiled in place after
+    checkpointing and before sharding, as torchtitan does (regional compilation: the all-gathers and reduce-scatters
+    stay between the compiled blocks; embeddings, head and loss run eager). The optimizer is made last, over the
+    parameters as the parallel wrapper left them (FSDP2 shards them).
     """
     w = build_workload(req.spec)
     info = apply_checkpointing(w) or {}
     model = w.model
+    compiled = req.config.spec.compiled
+    if compiled:
+        info["compile_backend"] = req.compile_backend
     if req.dist is not None:
-        if req.config.spec.compiled:
-            raise ACStudioError(f"{req.config.name}: bench does not compile under {req.dist.kind} yet; "
-                                "benchmark compiled configurations on one device")
-        model = req.dist.wrap(w, find_blocks(w))
+        blocks = find_blocks(w)
+        if compiled:
+            for block in blocks:
+                block.compile(backend=req.compile_backend)
+            info["compiled"] = "per block"
+        model = req.dist.wrap(w, blocks)
     else:
         w.to(req.dev)
-    if req.config.spec.compiled:
-        model = torch.compile(model, backend=req.compile_backend)
-        info["compile_backend"] = req.compile_backend
+        if compiled:
+            model = torch.compile(model, backend=req.compile_backend)
     opt = w.make_optimizer()
     return Prepared(eager_step(req.spec, req.dev, model, opt, w.batch, w.loss_fn), w.model, opt, w.batch, info)
 

@@ -15,7 +15,8 @@ FSDP2 (``fully_shard`` on every repeated block, then on the root; torch's defaul
   reduce-scatter input of that size lives until the next block's backward has finished (one reduce-scatter
   in flight);
 * the root's own parameters (embeddings, heads) stay unsharded from the first forward node to the end of
-  backward (the root is not resharded after forward), and its gradients until the end of backward.
+  backward (the root is not resharded after forward), and its gradients until the end of backward. Like a
+  block's, the unsharded parameters are all-gathered copies that live beside the rank's shards.
 
 DDP (``DistributedDataParallel``, ``gradient_as_bucket_view=False``, its default): everything of one device,
 plus the reducer's flat gradient buckets (25 MiB each by default, together one full copy of the gradients),
@@ -94,7 +95,7 @@ def fsdp_delta(profile: Profile, world: int) -> np.ndarray:
             add(start, blocks.backward_end(block), t.bytes - shard)
         t.bytes = shard
     params = blocks.parameter_bytes()
-    add(blocks.first_forward, blocks.last_backward, params.get("", 0) * (world - 1) // world)
+    add(blocks.first_forward, blocks.last_backward, params.get("", 0))  # unsharded, beside its shards
     order = blocks.order
     for k, block in enumerate(order):
         nxt = order[k + 1] if k + 1 < len(order) else None
