@@ -179,7 +179,16 @@ def cmd_plan(args) -> int:
     if not args.budget:
         raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
-    result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
+    if args.compiled_per_block_peak:
+        from acstudio.plan.compiled import COMPILED_MODE, plan_compiled
+
+        if args.mode not in (None, COMPILED_MODE):
+            raise ACStudioError(f"--compiled-per-block-peak plans for torch.compile, which runs the plan in the "
+                                f"{COMPILED_MODE} mode, not --mode {args.mode}")
+        measured = parse_budget(args.compiled_per_block_peak, sim.baseline_peak)
+        result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel)
+    else:
+        result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
     written = []
     if args.out:
         result.save(args.out)
@@ -193,6 +202,10 @@ def cmd_plan(args) -> int:
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
           f"{get_mode(result.replay_mode).summary})")
     print(f"stopped: {result.stop_reason}")
+    if result.compiled_peak_bytes is not None:
+        print(f"under torch.compile: predicted peak {format_bytes(result.compiled_peak_bytes)} (the "
+              f"{result.replay_mode} mode's eager prediction less {format_bytes(result.compiled_offset_bytes)}, "
+              "calibrated)")
     print(explain_peak(ctx, result).summary())
     if not result.feasible:
         print(floor_sentence(ctx))
@@ -328,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "with dropout); by default they are replayed with the RNG state their forward used")
     p.add_argument("--fsdp", type=int, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard per block)")
     p.add_argument("--ddp", type=int, metavar="N", help="plan for one of N ranks under DDP")
+    p.add_argument("--compiled-per-block-peak", metavar="PEAK",
+                   help="plan for torch.compile (exported with --format sac): the measured peak of the compiled model "
+                        "with every block checkpointed (`acstudio bench ... --configs compile+per-block`), which "
+                        "calibrates the compiled prediction; --budget is then the compiled step's")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")

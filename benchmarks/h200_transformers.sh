@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sac | sacbert | sacllama | verify (one H200 each)
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacbert | sacllama | verify (one H200 each)
 #         | dist (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
@@ -30,6 +30,13 @@ run() {  # run NAME TIMEOUT_S BENCH_ARGS...: one bench into /tmp/NAME, its bench
   timeout "$limit" $bench "$@" --out "/tmp/$name"
   cp "/tmp/$name/bench.json" "$out/bench_h200_$name.json"
   tar czf "$out/workers_$name.tgz" -C "/tmp/$name" workers profiles 2>/dev/null  # logs and the GPU profile
+}
+# Issue 11's SAC table: the eager and compiled peers, our plan as SAC eager at per-block's peak and compiled at the
+# compiled peers' peaks.
+sac_rows="eager,per-block,rewritten@per-block,sac@per-block,compile,compile+per-block,compile+per-op,\
+sac+compile@compile+per-block,sac+compile@compile+per-op"
+dist_rows() {  # the same under a parallelism: fsdp or ddp
+  echo "$1,$1+per-block,$1+sac@$1+per-block,$1+compile,$1+compile+per-block,$1+sac+compile@$1+per-block"
 }
 # Issue 10's eager table: the peers and our rewritten graph at their measured peaks, no compiled rows.
 eager_rows="eager,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op"
@@ -62,27 +69,24 @@ resnet)  # about 6 min: the per-block row again (no regression), compile@0.5 and
   run resnet152_bs64_sac 530 resnet152 -b 64 \
     --configs eager,per-block,rewritten@per-block,compile,compile@0.5,sac+compile@compile@0.5 $steps
   ;;
-sac)  # about 9 min: the SAC form again now that it recomputes BatchNorm and groups a block's random draws
-  run bert_bs16_sac 270 bert -b 16 \
-    --configs per-block,compile,compile+per-block,sac@per-block,sac+compile@compile+per-block $steps
-  run resnet152_bs64_sac_bn 270 resnet152 -b 64 \
-    --configs per-block,rewritten@per-block,compile,compile@0.5,sac@per-block*1.03,sac+compile@compile@0.5 $steps
+sacresnet)  # about 7 min: ResNet-152's SAC rows: eager at per-block's peak, compiled at compile@0.5's and @0.2's
+  run resnet152_bs64_sac_compile 530 resnet152 -b 64 --configs "per-block,rewritten@per-block,sac@per-block,\
+compile,compile@0.5,compile@0.2,compile+per-block,sac+compile@compile@0.5,sac+compile@compile@0.2" $steps
   ;;
 fits)  # about 3 min: the rows that had come out a fraction of a MiB over their budget, with the bench's headroom
   run gpt2_bs16_fits 200 gpt2 -b 16 --configs per-block,rewritten@per-block $steps
   run bert_bs32_fits 200 bert -b 32 --configs per-block,rewritten@per-block $steps
   ;;
-sacbert)  # about 2 min: BERT's SAC plan compiled, at compile+per-block's peak
-  run bert_bs16_sac_compile 170 bert -b 16 --configs compile,compile+per-block,sac+compile@compile+per-block $steps
+sacbert)  # about 5 min: BERT's SAC rows, eager and compiled (sac+compile calibrated on compile+per-block)
+  run bert_bs16_sac_compile 530 bert -b 16 --configs "$sac_rows" $steps
   ;;
-sacllama)  # about 3 min: the decoder's SAC rows, with torch.compile's graph breaks and recompilations logged
-  TORCH_LOGS=graph_breaks,recompiles run llama_bs8_sac 270 $llama -b 8 \
-    --configs eager,compile,compile+per-block,sac@per-block,sac+compile@compile+per-block $steps
+sacllama)  # about 5 min: the decoder's SAC rows, with torch.compile's graph breaks and recompilations logged
+  TORCH_LOGS=graph_breaks,recompiles run llama_bs8_sac 530 $llama -b 8 --configs "$sac_rows" $steps
   ;;
-dist)  # about 5 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per rank; and 1 GPU on all 16
-  run llama_bs8x2_dist 420 $llama -b 8 --nproc 2 \
-    --configs fsdp,fsdp+per-block,fsdp+sac@fsdp+per-block,ddp,ddp+per-block,ddp+sac@ddp+per-block $steps
-  run llama_bs16_single 100 $llama -b 16 --configs eager $steps
+dist)  # about 8 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per rank, eager and compiled per
+  # block; and 1 GPU on all 16
+  run llama_bs8x2_dist 480 $llama -b 8 --nproc 2 --configs "$(dist_rows fsdp),$(dist_rows ddp)" $steps
+  run llama_bs16_single 80 $llama -b 16 --configs eager $steps
   ;;
 verify)  # about 3 min: the plans benchmarked at per-block's and 1.15x per-block's peaks, checked on the GPU
   for spec in bert_bs16_adam:4603MiB:5293MiB gpt2_bs16_adam:6553MiB:7536MiB llama_bs8_bf16_adamw:5424MiB:6238MiB; do

@@ -84,7 +84,7 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         plan = (r.get("details") or {}).get("plan") or {}
         # the budget the row must fit (the plan aimed slightly below it: steps.HEADROOM)
         budget = (r.get("details") or {}).get("budget_bytes", plan.get("budget_bytes"))
-        predicted = plan.get("predicted_peak_bytes")
+        predicted = plan.get("compiled_peak_bytes") or plan.get("predicted_peak_bytes")  # compiled: calibrated
         r["budget_mib"] = None if budget is None else budget / MiB
         r["predicted_peak_mib"] = None if predicted is None else predicted / MiB
         r["peak_error_pct"] = _pct(peak, predicted) if peak is not None and predicted else None

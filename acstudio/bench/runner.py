@@ -183,6 +183,12 @@ class _Bench:
                                                   f"batch size {batch_size} ({ref_row['status']})"}
                 return self._record(key, row)
             cfg["budget"] = f"{int(ref_row['peak_bytes'] * reference.factor)}B"
+        if config.kind == "sac+compile":
+            # the compiled prediction is calibrated on compile+per-block's measured peak (acstudio.plan.compiled)
+            calibration = self.measure(BenchConfig("compile+per-block", None, config.parallel), batch_size, phase,
+                                       total)
+            if calibration["status"] == "ok" and calibration.get("peak_bytes"):
+                cfg["compiled_per_block_peak"] = f"{int(calibration['peak_bytes'])}B"
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
         row = run_worker(cfg, stem, timeout_s=self.timeout_s, cancel=self.cancel)
         row["phase"] = phase

@@ -47,6 +47,7 @@ class Request:
     profile_path: str | None = None
     compile_backend: str = "inductor"
     budget: str | None = None
+    compiled_per_block_peak: str | None = None  # compile+per-block's measured peak, for sac+compile's prediction
     dist: Any = None  # acstudio.bench.distributed.Ranks
 
 
@@ -358,10 +359,19 @@ def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
 
         profile = per_rank_profile(profile, req.dist.world, req.dist.kind)
     budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
-    plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")
+    summary: dict[str, Any] = {}
+    if req.config.spec.compiled and req.compiled_per_block_peak:
+        from acstudio.plan.compiled import plan_compiled
+        from acstudio.plan.schedule import PlanContext
+
+        measured = parse_budget(req.compiled_per_block_peak, profile.peak_bytes)
+        plan = plan_compiled(PlanContext(profile), with_headroom(budget_bytes), measured)
+        summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
+    else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)
+        plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")
     export(profile, plan, plan_dir, formats=["sac"])
     return {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
-            "profile_iteration_ms": profile.iteration_ms, "plan": scalar_fields(plan),
+            "profile_iteration_ms": profile.iteration_ms, "plan": scalar_fields(plan) | summary,
             "recomputed_activations": len(plan.recomputed)}
 
 

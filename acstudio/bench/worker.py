@@ -2,7 +2,8 @@
 
 Usage: ``python -m acstudio.bench.worker [CONFIG.json | '{...}']`` (or the JSON on stdin). The config holds
 ``spec`` (a WorkloadSpec dict), ``config`` (e.g. ``"per-block"``), ``device``, ``warmup``, ``iters`` and
-optionally ``profile_path``, ``compile_backend``, ``budget`` (a rewritten step's resolved budget) and
+optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's resolved budget),
+``compiled_per_block_peak`` (compile+per-block's measured peak, which calibrates a compiled plan) and
 ``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
 allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration
 (design note E.6).
@@ -63,7 +64,7 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     prepared = prepare(Request(config, spec, dev, profile_path=cfg.get("profile_path"),
                                compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"),
-                               dist=ranks))
+                               compiled_per_block_peak=cfg.get("compiled_per_block_peak"), dist=ranks))
     setup_s = time.perf_counter() - t0
     losses: list[torch.Tensor] = []
 

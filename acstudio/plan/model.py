@@ -78,6 +78,22 @@ class Plan:
     excluded: dict[str, str] = field(default_factory=dict)  # activations that are not candidates, and why
     replay_mode: str = "again"  # a registered replay mode (see the module docstring)
     keep_random: bool = False  # planned with random ops never recomputed (``--keep-random``); absent in old files
+    # Planned for torch.compile (acstudio.plan.compiled): bytes the compiled step holds less than the replay mode
+    # predicts, calibrated on a measured compiled step; None for an eager plan.
+    compiled_offset_bytes: int | None = None
+
+    @property
+    def compiled_peak_bytes(self) -> int | None:
+        """The predicted peak under torch.compile, for a plan made for it."""
+        if self.compiled_offset_bytes is None:
+            return None
+        return self.predicted_peak_bytes - self.compiled_offset_bytes
+
+    @property
+    def run_peak_bytes(self) -> int:
+        """The predicted peak of the step the plan was made for: compiled or eager."""
+        compiled = self.compiled_peak_bytes
+        return self.predicted_peak_bytes if compiled is None else compiled
 
     # -- identity ------------------------------------------------------------------------------------------
     def check_profile(self, profile: Profile) -> None:

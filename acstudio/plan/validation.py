@@ -86,8 +86,8 @@ def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None
     if not math.isclose(plan.predicted_extra_ms, expected.predicted_extra_ms, rel_tol=1e-9, abs_tol=1e-9):
         raise c.fail("predicted_extra_ms", plan.predicted_extra_ms,
                      f"but the profile gives {expected.predicted_extra_ms!r}")
-    if plan.feasible != (plan.predicted_peak_bytes <= plan.budget_bytes):
-        raise c.fail("feasible", plan.feasible, f"but the predicted peak is {plan.predicted_peak_bytes} bytes for a "
+    if plan.feasible != (plan.run_peak_bytes <= plan.budget_bytes):
+        raise c.fail("feasible", plan.feasible, f"but the predicted peak is {plan.run_peak_bytes} bytes for a "
                      f"budget of {plan.budget_bytes}")
     if len(plan.schedule) != len(expected.schedule):
         raise c.fail("schedule", f"{len(plan.schedule)} entries", f"but the profile gives {len(expected.schedule)}")

@@ -167,6 +167,7 @@ class PlanDoc(_Doc):
     excluded: dict[str, StrictStr] = {}
     replay_mode: StrictStr = "again"  # checked against the registered modes in validate_plan
     keep_random: StrictBool = False
+    compiled_offset_bytes: StrictInt | None = None
 
     @model_validator(mode="before")
     @classmethod
