@@ -19,12 +19,14 @@ hf_logging.enable_propagation()
 TINY_BERT = ("num_hidden_layers=2", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
              "vocab_size=120", "max_position_embeddings=64")
 TINY_GPT2 = ("n_layer=2", "n_embd=32", "n_head=2", "vocab_size=120", "n_positions=64")
+TINY_LLAMA = ("num_hidden_layers=2", "hidden_size=32", "num_attention_heads=2", "num_key_value_heads=2",
+              "intermediate_size=64", "vocab_size=120", "max_position_embeddings=64")
 
 
 def tiny_spec(model: str, **kw):
     from acstudio.workload import WorkloadSpec
 
-    config = {"bert": TINY_BERT, "gpt2": TINY_GPT2}.get(model.split("-")[0], ())
+    config = {"bert": TINY_BERT, "gpt2": TINY_GPT2, "llama": TINY_LLAMA}.get(model.split("-")[0], ())
     defaults = {"batch_size": 2, "image_size": 32, "seq_len": 16,
                     "config": tuple(tuple(c.split("=", 1)) for c in config)}
     defaults.update(kw)

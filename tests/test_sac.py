@@ -185,14 +185,16 @@ def test_floating_ops_may_come_elsewhere_or_not_at_all():
         run("aten.relu.default")
 
 
-def test_a_block_that_saves_nothing_runs_a_plain_checkpoint_after_its_first_call(monkeypatch):
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_a_block_that_saves_nothing_runs_a_plain_checkpoint_after_its_first_call(model, monkeypatch):
     """SAC's dispatch mode (the policy, called for every op) runs in a recompute-all block's first call only,
-    which checks the model; later calls are plain checkpoints, and training stays bitwise like eager."""
-    w, profile = captured("gpt2")
-    plan = plans("gpt2")["recompute-all"]
+    which checks the model; later calls are plain checkpoints, and training stays bitwise like eager. A decoder
+    layer's views of the rotary cos/sin it is given are recomputed, not saved, so its blocks qualify too."""
+    w, profile = captured(model)
+    plan = plans(model)["recompute-all"]
     decisions = simulate_sac(profile, plan.recomputed).decisions
-    assert decisions and all(how == RECOMPUTE for ops in decisions.values() for _, how in ops
-                             if profile.node_by_id[_].target not in ("aten.alias.default", "aten.clone.default"))
+    assert decisions and all(how == RECOMPUTE for ops in decisions.values() for i, how in ops
+                             if profile.node_by_id[i].target not in ("aten.alias.default", "aten.clone.default"))
     calls = []
     original = BlockPolicy.__call__
     monkeypatch.setattr(BlockPolicy, "__call__",

@@ -151,6 +151,12 @@ class SacBlocks:
             own_reads[list(read - writes)] = True
         self.passes_through = self.leaves & ~own_reads
         self.inputs = inputs
+        # Views of values from outside the block (the rotary cos/sin that a decoder layer unsqueezes): replaying one
+        # costs nothing and holds nothing new, so it is recomputed; saving it would make a block that recomputes
+        # everything else run SAC's per-op dispatch in eager instead of a plain checkpoint.
+        self.outside_views = {i for i in fw if not created.get(i) and not nodes[i].target.split(".")[1].endswith("_")
+                              and self.writes[i] and all(self.block[rg.created[k]] != self.block[i]
+                                                         for k in self.writes[i])}
 
     @staticmethod
     def _forced_reason(verdict: str) -> str:
@@ -187,11 +193,13 @@ class SacBlocks:
         freed &= self.freeable
         random_saved: set[str] = set()  # blocks whose random ops are all saved
         passes = self.passes_through  # only the caller holds them: saving their op would just force a compiled save
+        views = self.outside_views
         while True:
             save: dict[int, bool] = {}
             for b in self.blocks:
                 for i in self.fw_nodes[b]:  # forward order: what i reads is decided before i
-                    save[i] = (bool(self.forced[i]) or any(not (freed[k] or passes[k]) for k in self.writes[i])
+                    writes_kept = i not in views and any(not (freed[k] or passes[k]) for k in self.writes[i])
+                    save[i] = (bool(self.forced[i]) or writes_kept
                                or any(self.block[u] != b or save.get(u, True) for u in self.stale_reads[i])
                                or (b in random_saved and i in self.random_ops[b]))
             newly = {b for b in self.blocks if b not in random_saved and any(save[i] for i in self.random_ops[b])}
