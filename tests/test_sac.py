@@ -185,11 +185,12 @@ def test_floating_ops_may_come_elsewhere_or_not_at_all():
         run("aten.relu.default")
 
 
-@pytest.mark.parametrize("model", ["gpt2", "llama"])
+@pytest.mark.parametrize("model", ["gpt2", "llama", "bert"])
 def test_a_block_that_saves_nothing_runs_a_plain_checkpoint_after_its_first_call(model, monkeypatch):
     """SAC's dispatch mode (the policy, called for every op) runs in a recompute-all block's first call only,
     which checks the model; later calls are plain checkpoints, and training stays bitwise like eager. A decoder
-    layer's views of the rotary cos/sin it is given are recomputed, not saved, so its blocks qualify too."""
+    layer's views of the rotary cos/sin it is given are recomputed, not saved, and so is an encoder layer's closing
+    LayerNorm (its output passes through to the next layer), so their blocks qualify too."""
     w, profile = captured(model)
     plan = plans(model)["recompute-all"]
     decisions = simulate_sac(profile, plan.recomputed).decisions

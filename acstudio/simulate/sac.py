@@ -141,11 +141,16 @@ class SacBlocks:
         # again, so only the caller holds them, and their op need not be saved (compiled, that would force the
         # partitioner to save them: the last decoder layer's output, which only the final norm reads). Backward
         # nodes carry no reliable block, so "saves" is read from forward: make_fx records autograd saving an op's
-        # own output as an ``alias`` of it (a ResNet block's ReLU output, which its backward reads).
+        # own output as an ``alias`` of it (a ResNet block's ReLU output, which its backward reads). A ``getitem`` on
+        # a multi-output op reads nothing, and the next block reading a value through its own view of it is not
+        # this block's read (BERT's closing LayerNorm: its output passes through, its statistics do not).
         own_reads = np.zeros(len(rg.bytes), dtype=bool)
         for i in fw:
-            writes = set(self.writes[i])
-            read = {k for u in inputs[i] if self.block[u] == self.block[i] for k in self.writes.get(u, [])}
+            if nodes[i].target == "operator.getitem":  # picks an output of a multi-output op; reads nothing
+                continue
+            writes = {k for k in self.writes[i] if self.block[rg.created[k]] == self.block[i]}
+            read = {k for u in inputs[i] if self.block[u] == self.block[i] for k in self.writes.get(u, [])
+                    if self.block[rg.created[k]] == self.block[i]}
             if nodes[i].target == "aten.alias.default":
                 own_reads[list(writes)] = True
             own_reads[list(read - writes)] = True
