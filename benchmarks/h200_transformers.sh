@@ -3,7 +3,7 @@
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
 #   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacbert | sacllama | verify (one H200 each)
-#         | dist (nvidia-h200-x2: 2 GPUs)
+#         | dist | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
 set -u
@@ -87,6 +87,10 @@ dist)  # about 8 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per
   # block; and 1 GPU on all 16
   run llama_bs8x2_dist 480 $llama -b 8 --nproc 2 --configs "$(dist_rows fsdp),$(dist_rows ddp)" $steps
   run llama_bs16_single 80 $llama -b 16 --configs eager $steps
+  ;;
+dist-eager)  # about 3 min on nvidia-h200-x2: the eager rows of dist only
+  run llama_bs8x2_dist_eager 300 $llama -b 8 --nproc 2 --configs \
+    fsdp,fsdp+per-block,fsdp+sac@fsdp+per-block,ddp,ddp+per-block,ddp+sac@ddp+per-block $steps
   ;;
 verify)  # about 3 min: the plans benchmarked at per-block's and 1.15x per-block's peaks, checked on the GPU
   for spec in bert_bs16_adam:4603MiB:5293MiB gpt2_bs16_adam:6553MiB:7536MiB llama_bs8_bf16_adamw:5424MiB:6238MiB; do
