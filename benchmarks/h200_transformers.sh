@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacbert | sacllama | verify (one H200 each)
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacbert | sacbert-compiled | sacllama | verify (one H200 each)
 #         | dist | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
@@ -79,6 +79,10 @@ fits)  # about 3 min: the rows that had come out a fraction of a MiB over their 
   ;;
 sacbert)  # about 5 min: BERT's SAC rows, eager and compiled (sac+compile calibrated on compile+per-block)
   run bert_bs16_sac_compile 530 bert -b 16 --configs "$sac_rows" $steps
+  ;;
+sacbert-compiled)  # about 3.5 min: the compiled rows of sacbert only
+  run bert_bs16_sac_compiled 300 bert -b 16 --configs \
+    compile,compile+per-block,compile+per-op,sac+compile@compile+per-block,sac+compile@compile+per-op $steps
   ;;
 sacllama)  # about 5 min: the decoder's SAC rows, with torch.compile's graph breaks and recompilations logged
   TORCH_LOGS=graph_breaks,recompiles run llama_bs8_sac 530 $llama -b 8 --configs "$sac_rows" $steps
