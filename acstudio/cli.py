@@ -198,14 +198,14 @@ def cmd_plan(args) -> int:
     state = "fits" if result.feasible else "INFEASIBLE"
     print(header)
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
-          f"{format_bytes(result.predicted_peak_bytes)} at {result.predicted_peak_node}, "
+          f"{format_bytes(result.run_peak_bytes)} at {result.predicted_peak_node}, "
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
           f"{get_mode(result.replay_mode).summary})")
     print(f"stopped: {result.stop_reason}")
     if result.compiled_peak_bytes is not None:
-        print(f"under torch.compile: predicted peak {format_bytes(result.compiled_peak_bytes)} (the "
-              f"{result.replay_mode} mode's eager prediction less {format_bytes(result.compiled_offset_bytes)}, "
-              "calibrated)")
+        print(f"under torch.compile: the {result.replay_mode} mode's eager prediction "
+              f"{format_bytes(result.predicted_peak_bytes)} less {format_bytes(result.compiled_offset_bytes)} "
+              "(calibrated on compile+per-block)")
     print(explain_peak(ctx, result).summary())
     if not result.feasible:
         print(floor_sentence(ctx))
