@@ -184,7 +184,7 @@ def cmd_plan(args) -> int:
 
         if args.mode not in (None, COMPILED_MODE):
             raise ACStudioError(f"--compiled-per-block-peak plans for torch.compile, which runs the plan in the "
-                                f"{COMPILED_MODE} mode, not --mode {args.mode}")
+                                f"{COMPILED_MODE} mode — leave out --mode {args.mode}")
         measured = parse_budget(args.compiled_per_block_peak, sim.baseline_peak)
         result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel)
     else:

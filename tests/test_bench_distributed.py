@@ -18,11 +18,12 @@ NO_DROPOUT = (("resid_pdrop", "0"), ("embd_pdrop", "0"), ("attn_pdrop", "0"))
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """Tiny GPT-2 (tied weights) under FSDP2 and DDP on 2 gloo ranks of batch 2, and one process of batch 4."""
+    """Tiny GPT-2 (tied weights) under FSDP2 and DDP on 2 gloo ranks of batch 2 (our plan eager and with its blocks
+    compiled, backend aot_eager), and one process of batch 4."""
     out = tmp_path_factory.mktemp("dist")
     spec = tiny_spec("gpt2", config=(*tiny_spec("gpt2").config, *NO_DROPOUT))
-    ranks = run_bench(spec, [2], ["fsdp", "ddp", "fsdp+sac@60%"], device="cpu", out_dir=out / "ranks", warmup=1,
-                      iters=3, nproc=2)
+    ranks = run_bench(spec, [2], ["fsdp", "ddp", "fsdp+sac@60%", "fsdp+sac+compile@60%"], device="cpu",
+                      out_dir=out / "ranks", warmup=1, iters=3, nproc=2, compile_backend="aot_eager")
     single = run_bench(spec, [4], ["eager"], device="cpu", out_dir=out / "single", warmup=1, iters=3)
     return spec, {r["config"]: r for r in ranks.rows + single.rows}
 
@@ -40,12 +41,10 @@ def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
         np.testing.assert_allclose(row["losses"], eager["losses"], rtol=1e-5)
 
 
-def test_compiled_blocks_under_fsdp_train_like_one_process(two_ranks, tmp_path):
+def test_compiled_blocks_under_fsdp_train_like_one_process(two_ranks):
     """``fsdp+sac+compile``: the SAC-wrapped blocks compiled in place, then sharded (torchtitan's order)."""
-    spec, rows = two_ranks
-    config = "fsdp+sac+compile@60%"
-    row = run_bench(spec, [2], [config], device="cpu", out_dir=tmp_path, warmup=1, iters=3, nproc=2,
-                    compile_backend="aot_eager").rows[0]
+    _, rows = two_ranks
+    row = rows["fsdp+sac+compile@60%"]
     assert row["status"] == "ok", row["message"]
     assert row["details"]["compiled"] == "per block" and row["baseline"] == "fsdp"
     eager = rows["eager"]["losses"]  # a compiled configuration runs more warm-up steps: compare the first ones

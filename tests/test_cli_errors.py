@@ -115,7 +115,7 @@ CASES = {
                                          "did you mean num_classes"),
     "budget without a unit": (["plan", S, "--budget", "85"], "has no unit — write 85%"),
     "compiled plan in another mode": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "1GiB", "--mode",
-                                       "again"], "runs the plan in the sac mode, not --mode again"),
+                                       "again"], "runs the plan in the sac mode — leave out --mode again"),
     "bad argument": (["profile", "resnet18", "-b", "two", "--out", "p.json"], "invalid int value"),
     "plan with recomputed null to verify": (["verify", S, "--plan", NULL_PLAN], ""),
     "plan with recomputed null to export": (["export", S, "--plan", NULL_PLAN, "--out", "exp"], ""),

@@ -30,16 +30,16 @@ def test_the_calibration_point_is_predicted_exactly(ctx):
 
 
 def test_more_compiled_memory_buys_a_faster_plan_that_fits_it(ctx, tmp_path):
-    plans = [plan_compiled(ctx, budget, MEASURED) for budget in (4200 * MiB, 4612 * MiB, 5000 * MiB)]
+    plans = [plan_compiled(ctx, budget, MEASURED) for budget in (4200 * MiB, 5000 * MiB)]
     for plan in plans:
         assert plan.feasible and plan.compiled_peak_bytes <= plan.budget_bytes
         assert plan.replay_mode == "sac" and "calibrated" in plan.stop_reason
     times = [p.predicted_extra_ms for p in plans]
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
     # the offset travels with the plan file and its feasibility is checked against the compiled peak
-    plans[1].save(tmp_path / "plan.json")
+    plans[0].save(tmp_path / "plan.json")
     loaded = Plan.load(tmp_path / "plan.json", profile=ctx.profile, context=ctx)
-    assert loaded.compiled_peak_bytes == plans[1].compiled_peak_bytes and loaded.feasible
+    assert loaded.compiled_peak_bytes == plans[0].compiled_peak_bytes and loaded.feasible
 
 
 def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(tmp_path, monkeypatch):

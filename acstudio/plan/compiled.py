@@ -33,7 +33,8 @@ COMPILED_MODE = "sac"  # a compiled plan runs as torch's selective checkpointing
 def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
     """Bytes the compiled step holds less than the SAC mode predicts for the same plan (see the module)."""
     if measured_per_block_peak <= 0:
-        raise ACStudioError(f"the compiled per-block peak must be positive, not {measured_per_block_peak} bytes")
+        raise ACStudioError(f"the compiled per-block peak is {measured_per_block_peak} bytes — give the peak "
+                            "measured for compile+per-block (e.g. 3870MiB)")
     eager = ctx.plan_for_set("recompute-all", 0, recompute_all(ctx), mode=COMPILED_MODE).predicted_peak_bytes
     return eager - measured_per_block_peak
 
