@@ -16,39 +16,35 @@ from acstudio.units import parse_budget
 NO_DROPOUT = (("resid_pdrop", "0"), ("embd_pdrop", "0"), ("attn_pdrop", "0"))
 
 
+SAC = "fsdp+sac+compile@60%"
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """Tiny GPT-2 (tied weights) under FSDP2 and DDP on 2 gloo ranks of batch 2 (our plan eager and with its blocks
-    compiled, backend aot_eager), and one process of batch 4."""
+    """Tiny GPT-2 (tied weights) under FSDP2 and DDP on 2 gloo ranks of batch 2 (and our plan with its blocks
+    compiled, backend aot_eager, under FSDP2), and one process of batch 4."""
     out = tmp_path_factory.mktemp("dist")
     spec = tiny_spec("gpt2", config=(*tiny_spec("gpt2").config, *NO_DROPOUT))
-    ranks = run_bench(spec, [2], ["fsdp", "ddp", "fsdp+sac@60%", "fsdp+sac+compile@60%"], device="cpu",
-                      out_dir=out / "ranks", warmup=1, iters=3, nproc=2, compile_backend="aot_eager")
+    ranks = run_bench(spec, [2], ["fsdp", "ddp", SAC], device="cpu", out_dir=out / "ranks", warmup=1, iters=3,
+                      nproc=2, compile_backend="aot_eager")
     single = run_bench(spec, [4], ["eager"], device="cpu", out_dir=out / "single", warmup=1, iters=3)
     return spec, {r["config"]: r for r in ranks.rows + single.rows}
 
 
 def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
+    """The SAC-wrapped blocks are compiled in place, then sharded (torchtitan's order)."""
     _, rows = two_ranks
     eager = rows["eager"]
-    for config in ("fsdp", "ddp", "fsdp+sac@60%"):
+    for config in ("fsdp", "ddp", SAC):
         row = rows[config]
         assert row["status"] == "ok", row["message"]
         assert row["nproc"] == 2 and row["parallel"] == config[:4] and row["baseline"] in (None, "fsdp")
         assert len(row["rank_peak_bytes"]) == 2 and "--nproc 2" in row["command"]
-        # 5 steps (warm-up, peak step, 3 timed): the later ones depend on the averaged gradients
-        assert len(row["losses"]) == len(eager["losses"]) == 5
-        np.testing.assert_allclose(row["losses"], eager["losses"], rtol=1e-5)
-
-
-def test_compiled_blocks_under_fsdp_train_like_one_process(two_ranks):
-    """``fsdp+sac+compile``: the SAC-wrapped blocks compiled in place, then sharded (torchtitan's order)."""
-    _, rows = two_ranks
-    row = rows["fsdp+sac+compile@60%"]
-    assert row["status"] == "ok", row["message"]
-    assert row["details"]["compiled"] == "per block" and row["baseline"] == "fsdp"
-    eager = rows["eager"]["losses"]  # a compiled configuration runs more warm-up steps: compare the first ones
-    np.testing.assert_allclose(row["losses"][:len(eager)], eager, rtol=1e-5)
+        # 5 steps (warm-up, peak step, 3 timed; a compiled row warms up longer): the later ones depend on the
+        # averaged gradients
+        assert len(eager["losses"]) == 5 and len(row["losses"]) >= 5
+        np.testing.assert_allclose(row["losses"][:5], eager["losses"], rtol=1e-5)
+    assert rows[SAC]["details"]["compiled"] == "per block"
 
 
 def test_measured_rank_state_matches_the_per_rank_prediction(two_ranks):
@@ -64,7 +60,7 @@ def test_measured_rank_state_matches_the_per_rank_prediction(two_ranks):
     fsdp = static_bytes(per_rank_profile(profile, 2, "fsdp"))
     assert fsdp["parameter"] == single["parameter"] // 2  # every tiny GPT-2 weight has an even first dimension
     # sac under FSDP2 plans on one rank's predicted memory, priced as SAC replays it
-    sac = rows["fsdp+sac@60%"]["details"]
+    sac = rows[SAC]["details"]
     rank_peak = per_rank_profile(profile, 2, "fsdp").peak_bytes
     assert sac["profile_peak_bytes"] == rank_peak < profile.peak_bytes
     assert sac["budget_bytes"] == parse_budget("60%", rank_peak) and sac["plan"]["replay_mode"] == "sac"
