@@ -46,7 +46,8 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     mode's eager prediction, and ``compiled_peak_bytes`` is the compiled one."""
     offset = compiled_offset(ctx, measured_per_block_peak)
     chosen = plan_for_mode(ctx, budget + offset, COMPILED_MODE, solver, cancel)
-    why = (f"{chosen.stop_reason}; compiled peak {format_bytes(chosen.predicted_peak_bytes - offset)}, calibrated "
-           f"on compile+per-block's measured {format_bytes(measured_per_block_peak)}")
-    return dataclasses.replace(chosen, budget_bytes=budget, compiled_offset_bytes=offset, stop_reason=why)
+    chosen = dataclasses.replace(chosen, budget_bytes=budget, compiled_offset_bytes=offset)
+    why = (f"{chosen.stop_reason}; compiled peak {format_bytes(chosen.compiled_peak_bytes)}, calibrated on "
+           f"compile+per-block's measured {format_bytes(measured_per_block_peak)}")
+    return dataclasses.replace(chosen, stop_reason=why)
 
