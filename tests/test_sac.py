@@ -20,7 +20,7 @@ from acstudio.export.sac import OpDecision
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import KNOWN
+from acstudio.plan.solvers import KNOWN, POLICIES
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.sac import RECOMPUTE, SAVE, cache_memory, sac_blocks, simulate_sac
 from acstudio.simulate.simulator import Simulator
@@ -162,8 +162,9 @@ def test_policy_follows_the_plan_op_by_op():
 
 
 def test_floating_ops_may_come_elsewhere_or_not_at_all():
-    """An alias, a lifted constant or a clone is matched where recorded, skipped where it does not come, and
-    recomputed where it comes unrecorded (tracers place them differently); any other op out of order is refused."""
+    """An alias, a lifted constant, a clone or a zero fill is matched where recorded, skipped where it does not
+    come, and recomputed where it comes unrecorded (tracers place them differently: compiled BatchNorm on CUDA
+    allocates its reserve with new_zeros); any other op out of order is refused."""
     ops = [OpDecision("aten.mm.default", "b", True), OpDecision("aten.alias.default", "b", False),
            OpDecision("aten.relu.default", "b", False)]
     forward = type("Ctx", (), {"is_recompute": False})()
@@ -180,6 +181,8 @@ def test_floating_ops_may_come_elsewhere_or_not_at_all():
     assert run("aten.mm.default", "aten.relu.default") == [MUST_SAVE, MUST_RECOMPUTE]
     assert run("aten.lift_fresh.default", "aten.mm.default", "aten.clone.default", "aten.relu.default") == [
         MUST_RECOMPUTE, MUST_SAVE, MUST_RECOMPUTE, MUST_RECOMPUTE]
+    assert run("aten.mm.default", "aten.new_zeros.default", "aten.relu.default") == [MUST_SAVE, MUST_RECOMPUTE,
+                                                                                     MUST_RECOMPUTE]
     with pytest.raises(ModelMismatchError, match=r"op #0 ran aten\.relu\.default where the profiled model ran "
                                                  r"aten\.mm\.default"):
         run("aten.relu.default")
@@ -316,7 +319,8 @@ def test_planning_for_sac_fits_where_repricing_overshoots():
         assert (sim.peak_bytes, sim.extra_ms) == (target.predicted_peak_bytes,
                                                   pytest.approx(target.predicted_extra_ms))
         auto = make_plan(profile, budget, ctx=ctx)
-        for name, chosen in [("auto", auto)] + [(n, make_plan(profile, budget, n, ctx=ctx)) for n in KNOWN]:
+        others = [(n, make_plan(profile, budget, n, ctx=ctx)) for n in (*KNOWN, *POLICIES)]
+        for name, chosen in [("auto", auto), *others]:
             repriced = ctx.plan_for_set(name, budget, ctx.sim.indices(chosen.recomputed), mode="sac")
             if repriced.feasible:
                 assert target.feasible and target.predicted_extra_ms <= repriced.predicted_extra_ms + 1e-9, name

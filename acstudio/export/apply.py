@@ -55,10 +55,11 @@ def _name(func) -> str:
 
 # Ops that tracers place differently: make_fx records ``detach`` (which SAC hides from its policy) as ``alias``, so
 # a recorded alias may not be seen; a constant (``torch.tensor`` in a forward) is lifted where each tracer chooses;
-# torch 2.11's compile traces ``dropout(p=0)`` as a clone that the capture did not record. They are matched when
-# they come where recorded, skipped when they do not come, and recomputed when they come unrecorded: a view, a
-# constant or a copy is cheap to redo, and holding it would put memory on top of the prediction.
-_FLOATING = {"aten.alias.default", "aten.lift_fresh.default", "aten.clone.default"}
+# torch 2.11's compile traces ``dropout(p=0)`` as a clone that the capture did not record, and training-mode
+# BatchNorm on CUDA with a ``new_zeros`` (the reserve buffer cuDNN's kernel returns). They are matched when they come
+# where recorded, skipped when they do not come, and recomputed when they come unrecorded: a view, a constant, a
+# copy or a fill is cheap to redo, and holding it would put memory on top of the prediction.
+_FLOATING = {"aten.alias.default", "aten.lift_fresh.default", "aten.clone.default", "aten.new_zeros.default"}
 _INNER = "_acstudio_sac_inner_forward"
 
 
