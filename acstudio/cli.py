@@ -180,13 +180,17 @@ def cmd_plan(args) -> int:
         raise ACStudioError("no budget to plan for — give --budget (e.g. 6GiB, 5000MiB or 60%) or --sweep")
     budget = parse_budget(args.budget, sim.baseline_peak)
     if args.compiled_per_block_peak:
-        from acstudio.plan.compiled import COMPILED_MODE, plan_compiled
+        from acstudio.plan.compiled import COMPILED_MODE, CompiledTimes, plan_compiled
 
         if args.mode not in (None, COMPILED_MODE):
             raise ACStudioError(f"--compiled-per-block-peak plans for torch.compile, which runs the plan in the "
                                 f"{COMPILED_MODE} mode — leave out --mode {args.mode}")
         measured = parse_budget(args.compiled_per_block_peak, sim.baseline_peak)
-        result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel)
+        times = CompiledTimes.parse(args.compiled_step_ms) if args.compiled_step_ms else None
+        result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel, times=times)
+    elif args.compiled_step_ms:
+        raise ACStudioError("--compiled-step-ms calibrates a plan for torch.compile — give --compiled-per-block-peak "
+                            "too")
     else:
         result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
     written = []
@@ -206,6 +210,8 @@ def cmd_plan(args) -> int:
         print(f"under torch.compile: the {result.replay_mode} mode's eager prediction "
               f"{format_bytes(result.predicted_peak_bytes)} less {format_bytes(result.compiled_offset_bytes)} "
               "(calibrated on compile+per-block)")
+    if result.compiled_extra_ms is not None:
+        print(f"under torch.compile: +{result.compiled_extra_ms:.2f} ms per iteration over plain compile")
     print(explain_peak(ctx, result).summary())
     if not result.feasible:
         print(floor_sentence(ctx))
@@ -345,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan for torch.compile (exported with --format sac): the measured peak of the compiled model "
                         "with every block checkpointed (`acstudio bench ... --configs compile+per-block`), which "
                         "calibrates the compiled prediction; --budget is then the compiled step's")
+    p.add_argument("--compiled-step-ms", metavar="COMPILE,PER_BLOCK",
+                   help="with --compiled-per-block-peak: the measured median step times (ms) of compile and "
+                        "compile+per-block, which calibrate the compiled replay times the planner prices plans at")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")

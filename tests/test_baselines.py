@@ -179,8 +179,8 @@ def test_milp_answers_past_200_candidates():
 def test_sweep_reports_the_gaps(monkeypatch):
     p = random_profile(5, n_forward=12)
     table = sweep(p, milp_points=3)
-    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp",
-                                 "milp-bound"}
+    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n",
+                                 "per-op", "milp", "milp-bound"}
     mutwo = table[table.solver == "mutwo"]
     assert mutwo.peak_bytes.is_monotonic_decreasing and mutwo.extra_ms.is_monotonic_increasing
     exact = table[table.solver == "milp"]

@@ -1,18 +1,23 @@
 """Planning for torch.compile: the SAC mode's eager prediction less one offset, calibrated on a measured compiled
-step under per-block checkpointing."""
+step under per-block checkpointing, and replays priced at compiled times, calibrated on its step time."""
 
 import pytest
 
 from acstudio.bench import runner
 from acstudio.bench.configs import BenchConfig
-from acstudio.plan.compiled import compiled_offset, plan_compiled
+from acstudio.plan.baselines import MATMULS, is_attention, per_op
+from acstudio.plan.compiled import CompiledTimes, compiled_context, compiled_offset, is_library_kernel, plan_compiled
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
+from acstudio.simulate.modes import get_mode
+from acstudio.simulate.sac import SAVE, sac_blocks
 
 MiB = 2**20
 LLAMA = "sample_profiles/h200_llama_bs8_bf16_adamw.json.gz"
 MEASURED = 3870 * MiB  # compile+per-block on the H200 (results/bench_h200_llama_bs8_sac.json)
+TIMES = CompiledTimes(23.5, 28.3)  # compile's and compile+per-block's step times, ms (..._llama_bs8_sac_compiled.json)
+PER_OP_PEAK = 4612 * MiB  # compile+per-op's measured peak, there
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +47,72 @@ def test_more_compiled_memory_buys_a_faster_plan_that_fits_it(ctx, tmp_path):
     assert loaded.compiled_peak_bytes == plans[0].compiled_peak_bytes and loaded.feasible
 
 
+def test_per_op_saves_attention_and_every_second_matmul_of_each_block(ctx):
+    """torchtitan's policy as a recompute set: in SAC's form, a block's matmul that writes an activation is saved
+    exactly when it is the block's 1st, 3rd, ... matmul, and its attention is saved."""
+    blocks = sac_blocks(ctx.sim)
+    decision, _ = blocks.decide(per_op(ctx))
+    nodes = ctx.profile.nodes
+    for b in blocks.blocks:
+        matmuls = [i for i in blocks.fw_nodes[b] if nodes[i].target in MATMULS]
+        assert len(matmuls) == 7  # q, k, v, o, gate, up, down
+        for n, i in enumerate(matmuls):
+            if blocks.writes[i]:
+                assert (decision[i] == SAVE) == (n % 2 == 0), (b, n)
+        assert all(decision[i] == SAVE for i in blocks.fw_nodes[b] if is_attention(nodes[i].target))
+
+
+def test_compiled_times_are_calibrated_on_compile_per_block(ctx, tmp_path):
+    """Replays cost their library kernels only, scaled so that recompute-all's replays cost exactly what
+    compile+per-block measured over compile; a replay runs only what its outputs depend on."""
+    timed = compiled_context(ctx, TIMES)
+    assert timed is compiled_context(ctx, TIMES) and timed.profile is ctx.profile
+    kernel = [is_library_kernel(nd.target) for nd in ctx.profile.nodes]
+    assert all(ms == 0 for ms, k in zip(timed.rg.run_ms, kernel) if not k)
+    floor = plan_compiled(ctx, MEASURED, MEASURED, solver="recompute-all", times=TIMES)
+    assert floor.compiled_extra_ms == pytest.approx(TIMES.per_block_ms - TIMES.compile_ms)
+    sac, pruned = get_mode("sac"), get_mode("sac-compiled")
+    eager_sac = sac.peak(ctx.sim, per_op(ctx))
+    compiled_sac = pruned.peak(ctx.sim, per_op(ctx))
+    assert compiled_sac[0] == eager_sac[0]  # the same memory
+    assert 0 < compiled_sac[2] < eager_sac[2]  # ops after the last one backward reads are not replayed
+    # the eager prediction stays what the profile gives; the compiled one travels with the file
+    floor.save(tmp_path / "plan.json")
+    loaded = Plan.load(tmp_path / "plan.json", profile=ctx.profile, context=ctx)
+    assert loaded.compiled_extra_ms == floor.compiled_extra_ms and loaded.predicted_extra_ms == floor.predicted_extra_ms
+
+
+def test_at_compiled_times_the_plan_is_never_slower_than_the_policies_it_knows(ctx):
+    """At compile+per-op's measured peak, the plan is at least as fast (compiled) as torchtitan's set and as the
+    plan chosen at eager times, and fits; at eager times the weight casts looked worth saving, compiled they are
+    not."""
+    plan = plan_compiled(ctx, PER_OP_PEAK, MEASURED, times=TIMES)
+    assert plan.feasible and plan.compiled_peak_bytes <= PER_OP_PEAK
+    timed = compiled_context(ctx, TIMES)
+    offset = plan.compiled_offset_bytes
+    titan = get_mode("sac-compiled").peak(timed.sim, per_op(ctx))
+    assert titan[0] - offset <= PER_OP_PEAK and plan.compiled_extra_ms <= titan[2] + 1e-9
+    at_eager_times = plan_compiled(ctx, PER_OP_PEAK, MEASURED)
+    repriced = get_mode("sac-compiled").peak(timed.sim, timed.sim.indices(at_eager_times.recomputed))
+    assert plan.compiled_extra_ms <= repriced[2] + 1e-9
+    casts = [i for i, d in sac_blocks(ctx.sim).decide(ctx.sim.indices(at_eager_times.recomputed))[0].items()
+             if d == SAVE and ctx.profile.nodes[i].target == "aten._to_copy.default"]
+    assert casts and "calibrated" in plan.stop_reason and "compiled +" in plan.stop_reason
+
+
+def test_compiled_step_times_parse():
+    assert CompiledTimes.parse("23.5,28.3") == TIMES
+    assert CompiledTimes.parse(str(TIMES)) == TIMES  # what bench hands its workers
+
+
 def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(tmp_path, monkeypatch):
     """bench measures compile+per-block first (once) and hands its peak to every sac+compile worker."""
     seen = []
 
     def fake_worker(cfg, stem, **kwargs):
         seen.append(cfg)
-        return runner.base_row(cfg) | {"status": "ok", "peak_bytes": 1000 * MiB, "time_ms_median": 1.0,
+        ms = 1.5 if cfg["config"] == "compile+per-block" else 1.0
+        return runner.base_row(cfg) | {"status": "ok", "peak_bytes": 1000 * MiB, "time_ms_median": ms,
                                        "time_ms_iqr": 0.0}
 
     monkeypatch.setattr(runner, "run_worker", fake_worker)
@@ -58,7 +122,9 @@ def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(t
                      device="cpu", out_dir=tmp_path, warmup=1, iters=3)
     by_config = {cfg["config"]: cfg for cfg in seen}
     assert [cfg["config"] for cfg in seen].count("compile+per-block") == 1
+    assert [cfg["config"] for cfg in seen].count("compile") == 1
     for name in ("sac+compile@3GiB", "sac+compile@compile+per-op"):
         assert by_config[name]["compiled_per_block_peak"] == f"{1000 * MiB}B"
+        assert CompiledTimes.parse(by_config[name]["compiled_step_ms"]) == CompiledTimes(1.0, 1.5)
     assert "compiled_per_block_peak" not in by_config["sac@3GiB"]
     assert BenchConfig.parse("fsdp+sac+compile@fsdp+per-block").spec.compiled

@@ -196,8 +196,8 @@ def test_real_profile_end_to_end(tmp_path):
     pl.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json", profile=p).recomputed == pl.recomputed
     table = sweep(p, simulator=sim, milp_points=3, milp_time_s=3)  # both programs, top, middle and floor
-    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n", "milp",
-                                 "milp-bound"}
+    assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n",
+                                 "per-op", "milp", "milp-bound"}
     milp = table[table.solver == "milp"]
     assert len(milp) == 3 and milp.optimal.all()
     assert (milp.extra_ms <= milp.mutwo_extra_ms + 1e-9).all() and (milp.gap >= -1e-9).all()

@@ -31,7 +31,8 @@ MiB = 2**20
 CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "parallel", "nproc", "phase", "device",
                "status", "message", "peak_bytes", "rank_peak_bytes", "peak_mib", "resident_bytes", "time_ms_median",
                "time_ms_q1", "time_ms_q3", "time_ms_iqr", "overhead_pct", "time_vs_eager_pct", "memory_saving_pct",
-               "budget_mib", "predicted_peak_mib", "peak_error_pct", "fits_budget", "loss", "warmup", "iters",
+               "budget_mib", "predicted_peak_mib", "peak_error_pct", "fits_budget", "overhead_ms",
+               "predicted_overhead_ms", "loss", "warmup", "iters",
                "setup_s", "wall_s", "gpu", "torch", "cuda", "command")
 
 
@@ -89,6 +90,10 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r["predicted_peak_mib"] = None if predicted is None else predicted / MiB
         r["peak_error_pct"] = _pct(peak, predicted) if peak is not None and predicted else None
         r["fits_budget"] = None if peak is None or budget is None else peak <= budget
+        # a compiled plan priced at calibrated compiled replay times predicts its time over plain compile
+        compiled_ms = plan.get("compiled_extra_ms")
+        r["predicted_overhead_ms"] = compiled_ms
+        r["overhead_ms"] = mine - base["time_ms_median"] if compiled_ms is not None and base and mine else None
         out.append(r)
     return out
 
@@ -164,6 +169,8 @@ class BenchResults:
             if r["budget_mib"] is not None:
                 plan = (f"{r['budget_mib']:.0f} MiB ({'fits' if r['fits_budget'] else 'OVER'}), "
                         f"predicted {r['predicted_peak_mib']:.0f} MiB")
+            if r["overhead_ms"] is not None:
+                plan += f"; +{r['overhead_ms']:.1f} ms vs {r['baseline']}, predicted +{r['predicted_overhead_ms']:.1f}"
             lines.append(f"| {r['batch_size']} | {r['config']} | ok | {peak} | {r['time_ms_median']:.1f} "
                          f"({r['time_ms_iqr']:.1f}) | {over} | {mem} | {plan} |")
         for f in self.fits:

@@ -184,11 +184,14 @@ class _Bench:
                 return self._record(key, row)
             cfg["budget"] = f"{int(ref_row['peak_bytes'] * reference.factor)}B"
         if config.kind == "sac+compile":
-            # the compiled prediction is calibrated on compile+per-block's measured peak (acstudio.plan.compiled)
-            calibration = self.measure(BenchConfig("compile+per-block", None, config.parallel), batch_size, phase,
-                                       total)
-            if calibration["status"] == "ok" and calibration.get("peak_bytes"):
-                cfg["compiled_per_block_peak"] = f"{int(calibration['peak_bytes'])}B"
+            # the compiled prediction is calibrated on compile+per-block's measured peak, and the compiled replay
+            # times on its step time against compile's (acstudio.plan.compiled)
+            per_block, plain = (self.measure(BenchConfig(kind, None, config.parallel), batch_size, phase, total)
+                                for kind in ("compile+per-block", "compile"))
+            if per_block["status"] == "ok" and per_block.get("peak_bytes"):
+                cfg["compiled_per_block_peak"] = f"{int(per_block['peak_bytes'])}B"
+                if plain["status"] == "ok" and plain.get("time_ms_median"):
+                    cfg["compiled_step_ms"] = f"{plain['time_ms_median']!r},{per_block['time_ms_median']!r}"
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
         row = run_worker(cfg, stem, timeout_s=self.timeout_s, cancel=self.cancel)
         row["phase"] = phase

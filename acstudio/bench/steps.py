@@ -48,6 +48,7 @@ class Request:
     compile_backend: str = "inductor"
     budget: str | None = None
     compiled_per_block_peak: str | None = None  # compile+per-block's measured peak, for sac+compile's prediction
+    compiled_step_ms: str | None = None  # compile's and compile+per-block's step times, for sac+compile's planner
     dist: Any = None  # acstudio.bench.distributed.Ranks
 
 
@@ -361,11 +362,12 @@ def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
     budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
     summary: dict[str, Any] = {}
     if req.config.spec.compiled and req.compiled_per_block_peak:
-        from acstudio.plan.compiled import plan_compiled
+        from acstudio.plan.compiled import CompiledTimes, plan_compiled
         from acstudio.plan.schedule import PlanContext
 
         measured = parse_budget(req.compiled_per_block_peak, profile.peak_bytes)
-        plan = plan_compiled(PlanContext(profile), with_headroom(budget_bytes), measured)
+        times = CompiledTimes.parse(req.compiled_step_ms) if req.compiled_step_ms else None
+        plan = plan_compiled(PlanContext(profile), with_headroom(budget_bytes), measured, times=times)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
     else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)
         plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")

@@ -3,7 +3,8 @@
 Usage: ``python -m acstudio.bench.worker [CONFIG.json | '{...}']`` (or the JSON on stdin). The config holds
 ``spec`` (a WorkloadSpec dict), ``config`` (e.g. ``"per-block"``), ``device``, ``warmup``, ``iters`` and
 optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's resolved budget),
-``compiled_per_block_peak`` (compile+per-block's measured peak, which calibrates a compiled plan) and
+``compiled_per_block_peak`` (compile+per-block's measured peak, which calibrates a compiled plan),
+``compiled_step_ms`` (compile's and compile+per-block's step times, which calibrate its replay times) and
 ``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
 allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration
 (design note E.6).
@@ -64,7 +65,8 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     prepared = prepare(Request(config, spec, dev, profile_path=cfg.get("profile_path"),
                                compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"),
-                               compiled_per_block_peak=cfg.get("compiled_per_block_peak"), dist=ranks))
+                               compiled_per_block_peak=cfg.get("compiled_per_block_peak"),
+                               compiled_step_ms=cfg.get("compiled_step_ms"), dist=ranks))
     setup_s = time.perf_counter() - t0
     losses: list[torch.Tensor] = []
 

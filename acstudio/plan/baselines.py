@@ -6,7 +6,9 @@
   transformer layer): everything a block creates is recomputed, except what leaves the block in forward
   (its output, i.e. the next block's input);
 * sqrt-n: Chen et al.'s √n rule: keep every k-th articulation point of the forward graph (k = round √#points)
-  and recompute every other candidate.
+  and recompute every other candidate;
+* per-op: torchtitan's op-level selective checkpointing: in every repeated block keep the outputs of attention
+  and of every odd-numbered matmul, recompute everything else per-module would.
 """
 
 from __future__ import annotations
@@ -81,6 +83,34 @@ def sqrt_n(ctx: PlanContext) -> list[int]:
     return [k for k in ctx.rg.candidates if k not in keep]
 
 
+# The ops torchtitan's policy saves (``_save_list``): matmuls, every second one, and attention.
+MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
+
+
+def is_attention(target: str) -> bool:
+    """``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` and the other fused attention kernels."""
+    return "dot_product" in target and "attention" in target
+
+
+def per_op(ctx: PlanContext) -> list[int]:
+    """per-module's recompute set less what torchtitan's op-level policy saves: the outputs of attention and of
+    the 1st, 3rd, ... matmul of each block call."""
+    nodes = ctx.profile.nodes
+    block = node_blocks(ctx)
+    matmuls: dict[str, int] = {}
+    saved = set()
+    for i, nd in enumerate(nodes):
+        if not block[i]:
+            continue
+        if nd.target in MATMULS:
+            matmuls[block[i]] = matmuls.get(block[i], 0) + 1
+            if matmuls[block[i]] % 2:
+                saved.add(i)
+        elif is_attention(nd.target):
+            saved.add(i)
+    return [k for k in per_module(ctx) if ctx.rg.created[k] not in saved]
+
+
 def keep_all(ctx: PlanContext) -> list[int]:
     return []
 
@@ -89,14 +119,17 @@ def recompute_all(ctx: PlanContext) -> list[int]:
     return list(ctx.rg.candidates)
 
 
-FIXED = {"keep-all": keep_all, "recompute-all": recompute_all, "per-module": per_module, "sqrt-n": sqrt_n}
+FIXED = {"keep-all": keep_all, "recompute-all": recompute_all, "per-module": per_module, "sqrt-n": sqrt_n,
+         "per-op": per_op}
 SUMMARIES = {
     "keep-all": "no activation checkpointing",
     "recompute-all": "every candidate recomputed (the floor)",
     "per-module": "torch.utils.checkpoint around every repeated block (HF gradient checkpointing)",
     "sqrt-n": "Chen et al.'s √n segments",
+    "per-op": "torchtitan's op-level selective checkpointing (saves attention and every second matmul per block)",
 }
 # The replay modes each baseline's real counterpart runs in: checkpointed segments are replayed once each
-# (shared chains); recompute-all has no counterpart, so it is priced in both and the faster one counts.
+# (shared chains); recompute-all has no counterpart, so it is priced in both and the faster one counts; per-op is a
+# selective-checkpoint policy.
 REAL_MODES = {"keep-all": ("again",), "recompute-all": ("again", "shared"), "per-module": ("shared",),
-              "sqrt-n": ("shared",)}
+              "sqrt-n": ("shared",), "per-op": ("sac",)}

@@ -13,21 +13,40 @@ The compiled model under per-block checkpointing (``compile+per-block``: every b
 checkpoint) saves what the recompute-all plan saves, the blocks' inputs. The model holds while the peak stays where
 the saved activations all live (the end of forward, the loss head): the plans it compares keep the same
 temporaries there and differ by the activations they save.
+
+Time changes too. A recomputed matmul, convolution or attention runs a library kernel compiled as in eager, but
+Inductor fuses the pointwise ops and reductions around it into kernels that run anyway, so replaying them costs
+next to nothing; and the partitioner recomputes only what backward reads depends on (the "sac-compiled" mode),
+where eager's replay reruns the block up to the last of it. Planned on eager times, a plan keeps cheap-to-store
+pointwise outputs (a decoder's bf16 weight casts) and recomputes matmuls, the opposite of what pays compiled.
+Given the measured step times of compile and compile+per-block (:class:`CompiledTimes`), replays are priced as
+their library kernels only, scaled by one factor calibrated the same way as the peak:
+
+    compile+per-block - compile = scale * the library-kernel eager time of recompute-all's replays,
+
+so the calibration point is exact; the scale does not change which plan is faster (:func:`compiled_context`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
 
 from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken
-from acstudio.plan.baselines import recompute_all
+from acstudio.plan.baselines import MATMULS, is_attention, recompute_all
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import plan_for_mode
+from acstudio.plan.solvers import best_of, plan_for_mode
+from acstudio.simulate.modes import get_mode
+from acstudio.simulate.replay import ReplayGraph
+from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
 
 COMPILED_MODE = "sac"  # a compiled plan runs as torch's selective checkpointing (acstudio.apply_plan)
+TIMED_MODE = "sac-compiled"  # the same memory, replays pruned as the partitioner prunes them
 
 
 def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
@@ -39,15 +58,91 @@ def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
     return eager - measured_per_block_peak
 
 
+@dataclass(frozen=True)
+class CompiledTimes:
+    """Measured median step times of the compiled model without checkpointing and under per-block checkpointing."""
+
+    compile_ms: float
+    per_block_ms: float
+
+    def __post_init__(self) -> None:
+        if not (self.compile_ms > 0 and self.per_block_ms > 0):
+            raise ACStudioError(f"compiled step times must be positive milliseconds, not {self.compile_ms} and "
+                                f"{self.per_block_ms} — give compile's and compile+per-block's, e.g. 23.0,27.2")
+
+    @classmethod
+    def parse(cls, text: str) -> CompiledTimes:
+        """``"23.0,27.2"``: compile's and compile+per-block's step times in ms."""
+        parts = text.split(",")
+        try:
+            values = [float(v) for v in parts]
+        except ValueError:
+            values = []
+        if len(values) != 2 or not all(np.isfinite(values)):
+            raise ACStudioError(f"compiled step times {text!r} are not two numbers — give compile's and "
+                                "compile+per-block's median step times in ms, e.g. 23.0,27.2")
+        return cls(*values)
+
+    def __str__(self) -> str:
+        return f"{self.compile_ms!r},{self.per_block_ms!r}"
+
+
+def is_library_kernel(target: str) -> bool:
+    """An op that runs the same library kernel compiled as in eager: matmul, convolution, attention."""
+    return target in MATMULS or is_attention(target) or target.startswith("aten.convolution")
+
+
+def kernel_scale(ctx: PlanContext, times: CompiledTimes) -> float:
+    """What a replayed library kernel costs compiled per ms of its eager time, calibrated on recompute-all (see
+    the module): 1 where recompute-all replays no library kernel or compile+per-block measured no slower."""
+    mode = get_mode(TIMED_MODE)
+    replayed = [i for r in mode.schedule(ctx.sim, recompute_all(ctx)).replays for i in mode.needed(ctx.sim, r)]
+    kernels = sum(ctx.rg.run_ms[i] for i in replayed if is_library_kernel(ctx.profile.nodes[i].target))
+    measured = times.per_block_ms - times.compile_ms
+    return measured / kernels if kernels > 0 and measured > 0 else 1.0
+
+
+def compiled_context(ctx: PlanContext, times: CompiledTimes) -> PlanContext:
+    """A plan context of the same profile whose replays cost what they cost compiled: library kernels
+    :func:`kernel_scale` times their eager time, fused ops nothing (built once per ``times``, cached on ``ctx``)."""
+    key = ("compiled", times, ctx.rg.keep_random)
+    if key not in ctx.cache:
+        scale = kernel_scale(ctx, times)
+        kernel = np.array([is_library_kernel(nd.target) for nd in ctx.profile.nodes], dtype=bool)
+        replay = ReplayGraph(ctx.profile, ctx.rg.keep_random, node_ms=np.where(kernel, ctx.rg.run_ms * scale, 0.0))
+        compiled = PlanContext(ctx.profile, Simulator(ctx.profile, replay))
+        compiled.cache["kernel_scale"] = scale
+        ctx.cache[key] = compiled
+    return ctx.cache[key]
+
+
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = "auto",
-                  cancel: CancelToken | None = None) -> Plan:
+                  cancel: CancelToken | None = None, times: CompiledTimes | None = None) -> Plan:
     """The fastest plan whose compiled peak fits ``budget``: planned in the SAC mode at ``budget`` plus the
     offset. The plan records the offset (``compiled_offset_bytes``); its ``predicted_peak_bytes`` stays the SAC
-    mode's eager prediction, and ``compiled_peak_bytes`` is the compiled one."""
+    mode's eager prediction, and ``compiled_peak_bytes`` is the compiled one.
+
+    With ``times`` the plans are priced at compiled replay times (:func:`compiled_context`) and the plan records
+    its compiled overhead (``compiled_extra_ms``); ``predicted_extra_ms`` stays the eager SAC prediction, which
+    the profile alone re-derives."""
     offset = compiled_offset(ctx, measured_per_block_peak)
+    why = f"calibrated on compile+per-block's measured {format_bytes(measured_per_block_peak)}"
     chosen = plan_for_mode(ctx, budget + offset, COMPILED_MODE, solver, cancel)
-    chosen = dataclasses.replace(chosen, budget_bytes=budget, compiled_offset_bytes=offset)
-    why = (f"{chosen.stop_reason}; compiled peak {format_bytes(chosen.compiled_peak_bytes)}, calibrated on "
-           f"compile+per-block's measured {format_bytes(measured_per_block_peak)}")
+    extra = {}
+    if times is not None:
+        timed = compiled_context(ctx, times)
+        found = plan_for_mode(timed, budget + offset, TIMED_MODE, solver, cancel)
+        # the plan chosen at eager times is known too: priced compiled, the faster of the two
+        known = timed.plan_for_set(chosen.solver, budget + offset, timed.sim.indices(chosen.recomputed),
+                                   chosen.stop_reason, mode=TIMED_MODE)
+        fast = best_of([found, known])
+        chosen = ctx.plan_for_set(fast.solver, budget + offset, ctx.sim.indices(fast.recomputed), fast.stop_reason,
+                                  mode=COMPILED_MODE)
+        extra = {"compiled_extra_ms": fast.predicted_extra_ms}
+        why += (f" and its step time ({times.per_block_ms:g} ms against compile's {times.compile_ms:g}: replayed "
+                f"matmuls, convolutions and attention at {timed.cache['kernel_scale']:.2f}x their eager time, "
+                f"fused ops free); compiled +{fast.predicted_extra_ms:.2f} ms")
+    chosen = dataclasses.replace(chosen, budget_bytes=budget, compiled_offset_bytes=offset, **extra)
+    why = f"{chosen.stop_reason}; compiled peak {format_bytes(chosen.compiled_peak_bytes)}, {why}"
     return dataclasses.replace(chosen, stop_reason=why)
 

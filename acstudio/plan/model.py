@@ -81,6 +81,9 @@ class Plan:
     # Planned for torch.compile (acstudio.plan.compiled): bytes the compiled step holds less than the replay mode
     # predicts, calibrated on a measured compiled step; None for an eager plan.
     compiled_offset_bytes: int | None = None
+    # The compiled step's predicted time over plain compile, where the planner was given compiled step times to
+    # calibrate on (acstudio.plan.compiled.CompiledTimes); they are not in the profile, so it is not re-derived.
+    compiled_extra_ms: float | None = None
 
     @property
     def compiled_peak_bytes(self) -> int | None:

@@ -181,6 +181,9 @@ for _name, _summary in baselines.SUMMARIES.items():
 # -- the default -------------------------------------------------------------------------------------------------
 
 KNOWN = ("mutwo", "blocks", "per-module", "sqrt-n", "recompute-all", "keep-all")
+# Selective-checkpoint policies as sets: auto knows them when it plans for a replay mode (plan_for_mode prices every
+# set in that mode), not for the rewritten step, which would replay their sets as chains, not as the policy runs.
+POLICIES = ("per-op",)
 
 
 # auto also asks the shared-mode program (acstudio.plan.milp.shared_bound) for its set on graphs up to
@@ -234,8 +237,8 @@ TARGET_SEARCH_STEPS = 8
 def plan_for_mode(ctx: PlanContext, budget: int, mode: str, solver: str = "auto",
                   cancel: CancelToken | None = None) -> Plan:
     """The predicted-fastest plan whose peak *replayed in* ``mode`` fits ``budget`` (or, if none fits, the lowest
-    peak in ``mode``), among the sets ``solver`` (``auto``: every solver it knows) chooses at ``budget`` and at
-    lower target budgets.
+    peak in ``mode``), among the sets ``solver`` (``auto``: every solver it knows and every policy in
+    :data:`POLICIES`) chooses at ``budget`` and at lower target budgets.
 
     A solver's set is priced in its own mode, and another mode usually holds more (SAC saves or recomputes whole
     ops), so each solver's target is bisected between the AC floor and ``budget`` for the highest target whose
@@ -253,7 +256,7 @@ def plan_for_mode(ctx: PlanContext, budget: int, mode: str, solver: str = "auto"
         return priced[ks]
 
     floor = min(ctx.floor_bytes, budget)
-    for name in KNOWN if solver == "auto" else (solver,):
+    for name in (*KNOWN, *POLICIES) if solver == "auto" else (solver,):
         top = price(name, budget)
         if top.feasible:
             continue  # the largest target fits: the fastest this solver offers
@@ -266,7 +269,35 @@ def plan_for_mode(ctx: PlanContext, budget: int, mode: str, solver: str = "auto"
             lo, hi = (mid, hi) if price(name, mid).feasible else (lo, mid)
     best = best_of(priced.values())
     why = f"{best.stop_reason} in {mode} mode ({best.solver}'s plan)" if best.recomputed else best.stop_reason
+    if best.feasible and best.recomputed:
+        best, kept = fill_budget(ctx, best, budget, mode, cancel)
+        why += f", then {kept} activations kept back in the memory left" if kept else ""
     return dataclasses.replace(best, solver=solver, stop_reason=why)
+
+
+def fill_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: CancelToken | None = None
+                ) -> tuple[Plan, int]:
+    """``chosen`` with recomputed activations kept back while it still fits ``budget`` in ``mode`` and gets
+    faster; returns the plan and how many were kept back.
+
+    A solver's set found for a lower target, or a policy's, often leaves memory unused in ``mode``. Candidates are
+    tried once each, the most replay time of their creating op per byte first, and only those no larger than the
+    memory left (where the peak holds every saved activation, keeping one adds its bytes there)."""
+    rg, replay = ctx.rg, get_mode(mode)
+    current = ctx.sim.indices(chosen.recomputed)
+    peak, fastest = chosen.predicted_peak_bytes, chosen.predicted_extra_ms
+    kept = 0
+    for k in sorted(current, key=lambda k: -rg.run_ms[rg.created[k]] / max(int(rg.bytes[k]), 1)):
+        if rg.bytes[k] > budget - peak:
+            continue
+        check(cancel)
+        trial = [j for j in current if j != k]
+        trial_peak, _, ms = replay.peak(ctx.sim, trial)
+        if trial_peak <= budget and ms < fastest - 1e-9:
+            current, peak, fastest, kept = trial, trial_peak, ms, kept + 1
+    if not kept:
+        return chosen, 0
+    return ctx.plan_for_set(chosen.solver, budget, current, mode=mode), kept
 
 
 def plan(profile: Profile, budget_bytes: int, solver: str = "auto", simulator: Simulator | None = None,
@@ -312,15 +343,15 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
         if best is None or step.simulated_peak_bytes < best:
             best = step.simulated_peak_bytes
             points.append((best, step.extra_ms, j, "again", "mutwo"))
-    for name in [n for n in baselines.FIXED if n in solvers or "auto" in solvers]:  # auto is their envelope too
+    for name in [n for n in baselines.FIXED if n in solvers or ("auto" in solvers and n in KNOWN)]:
         check(cancel)
         real = baselines.REAL_MODES[name]
-        for mode in ("again", "shared"):
+        for mode in dict.fromkeys(("again", "shared", *real)):
             p = ctx.plan_for_set(name, 0, baselines.FIXED[name](ctx), mode=mode)
             if name in solvers:
                 row(name, p.predicted_peak_bytes, p.predicted_extra_ms, len(p.recomputed), mode,
                     note="how its real counterpart runs" if mode in real and len(real) == 1 else "")
-            if mode in real:
+            if mode in real and name in KNOWN:  # auto is their envelope too
                 points.append((p.predicted_peak_bytes, p.predicted_extra_ms, len(p.recomputed), mode, name))
             if not p.recomputed:
                 break  # keep-all: the same in every mode

@@ -29,6 +29,10 @@ def validate_plan(doc: dict[str, Any], source: str | os.PathLike) -> PlanDoc:
         c.exists(f"schedule[{i}].activation", row[0], chosen, "recomputed activation")
     for i, act in enumerate(parsed.recomputed):
         c.exists(f"recomputed[{i}]", act, entries, "schedule entry")
+    offset = parsed.compiled_offset_bytes
+    if offset is not None and not abs(offset) < parsed.predicted_peak_bytes:
+        raise c.fail("compiled_offset_bytes", offset, f"is not smaller than the predicted peak "
+                     f"({parsed.predicted_peak_bytes}): a compiled step keeps more than nothing and less than twice it")
     return parsed
 
 

@@ -168,6 +168,7 @@ class PlanDoc(_Doc):
     replay_mode: StrictStr = "again"  # checked against the registered modes in validate_plan
     keep_random: StrictBool = False
     compiled_offset_bytes: StrictInt | None = None
+    compiled_extra_ms: Ms | None = None
 
     @model_validator(mode="before")
     @classmethod

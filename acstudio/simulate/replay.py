@@ -79,7 +79,9 @@ class Replay:
 class ReplayGraph:
     """Static recompute structure of a profile; activations are addressed by index into ``profile.activations``."""
 
-    def __init__(self, profile: Profile, keep_random: bool = False) -> None:
+    def __init__(self, profile: Profile, keep_random: bool = False, node_ms: np.ndarray | None = None) -> None:
+        """``node_ms``: per node, the time a replay of it costs, in place of the profile's (a compiled step's
+        estimate: :mod:`acstudio.plan.compiled`)."""
         self.profile = profile
         self.keep_random = keep_random
         rules = replay_rules(profile, keep_random)
@@ -88,7 +90,8 @@ class ReplayGraph:
         index = profile.node_index
         n = len(nodes)
         self.n_nodes = n
-        self.run_ms = np.array([nd.run_time_ms for nd in nodes], dtype=np.float64) * profile.time_scale
+        self.run_ms = (np.array([nd.run_time_ms for nd in nodes], dtype=np.float64) * profile.time_scale
+                       if node_ms is None else np.asarray(node_ms, dtype=np.float64))
 
         acts = profile.activations
         self.act_ids = [a.id for a in acts]

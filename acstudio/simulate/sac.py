@@ -28,6 +28,7 @@ until the block's backward has run (BERT's attention mask).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -101,6 +102,10 @@ class SacBlocks:
         # Activation indices each forward node writes (allocates, aliases or updates in place).
         self.writes = {i: sorted({rg.act_index[s] for s in [*created.get(i, []), nodes[i].storage]
                                   if s in rg.act_index}) for i in fw}
+        self.writers: dict[int, list[int]] = {}  # activation -> forward nodes that write it
+        for i, ks in self.writes.items():
+            for k in ks:
+                self.writers.setdefault(k, []).append(i)
         inputs = [[index[u] for u in nd.inputs] for nd in nodes]
         self.forced = {i: self._forced_reason(rg._verdict[i]) for i in fw}
         draws = set(rg.rng_nodes.tolist())
@@ -269,6 +274,38 @@ class ReplaySac(ReplayMode):
 
 
 SAC_MODE = register_mode(ReplaySac())
+
+
+class ReplaySacCompiled(ReplaySac):
+    """The SAC form under torch.compile, for time: AOTAutograd's partitioner recomputes only the ops that what
+    backward reads depends on, where eager's replay reruns the block's forward up to the last of them. Memory is
+    the "sac" mode's, from which :mod:`acstudio.plan.compiled` calibrates the compiled peak."""
+
+    name = "sac-compiled"
+    summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"
+
+    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
+        schedule = sac_blocks(sim).schedule(recomputed)
+        schedule.replays = [dataclasses.replace(r, time_ms=float(sim.replay.run_ms[self.needed(sim, r)].sum()))
+                            for r in schedule.replays]
+        return schedule
+
+    @staticmethod
+    def needed(sim: Simulator, replay: Replay) -> list[int]:
+        """The replayed nodes the replay's outputs depend on."""
+        blocks, inputs = sac_blocks(sim), sim.replay._inputs
+        replayed = set(replay.nodes.tolist())
+        todo = [i for k in replay.outputs for i in blocks.writers[k] if i in replayed]
+        seen: set[int] = set()
+        while todo:
+            i = todo.pop()
+            if i not in seen:
+                seen.add(i)
+                todo.extend(u for u in inputs[i] if u in replayed)
+        return sorted(seen)
+
+
+SAC_COMPILED_MODE = register_mode(ReplaySacCompiled())
 
 
 @dataclass
