@@ -21,6 +21,7 @@ from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import KNOWN, POLICIES
+from acstudio.profile.model import Profile
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.sac import RECOMPUTE, SAVE, cache_memory, sac_blocks, simulate_sac
 from acstudio.simulate.simulator import Simulator
@@ -215,6 +216,38 @@ def test_a_block_that_saves_nothing_runs_a_plain_checkpoint_after_its_first_call
     for a, b in zip(train(model, w), train(copy.deepcopy(w.model), w), strict=True):
         assert torch.equal(a, b)
     assert len(calls) == in_first_step and step(model) == in_first_step
+
+
+def test_blocks_that_save_only_batchnorm_counters_run_plain_checkpoints():
+    """ResNet-152 as profiled on the H200: at recompute-all every bottleneck saves only its BatchNorm counter
+    updates (``update`` in the policy). Such a block runs its first call under the policy and later ones as plain
+    checkpoints that put the buffers back, so a CPU ResNet-152 trains bitwise like eager, counters included."""
+    from acstudio.export.sac import SacPolicy
+    from acstudio.plan.baselines import recompute_all
+
+    profile = Profile.load("sample_profiles/h200_resnet152_bs64_adam.json.gz")
+    ctx = PlanContext(profile)
+    plan = ctx.plan_for_set("recompute-all", 0, recompute_all(ctx), mode="sac")
+    policy = SacPolicy.from_plan(profile, plan.recomputed)
+    assert len(policy.blocks) == 50
+    assert all(d.updates_state for ops in policy.blocks.values() for d in ops if d.save
+               and d.op != "aten.alias.default")
+    assert SacPolicy.from_dict(policy.to_dict()) == policy  # "update" survives the file
+    w = build_workload(tiny_spec("resnet152", optimizer="adam", batch_size=2, image_size=32))
+    calls = []
+    original = BlockPolicy.__call__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BlockPolicy, "__call__", lambda self, *a, **k: calls.append(self.block) or original(self, *a, **k))
+        wrapped = apply_plan(copy.deepcopy(w.model), (profile, plan))
+        w.loss_fn(wrapped, w.batch).backward()
+        assert set(calls) == set(policy.blocks)
+        calls.clear()
+        wrapped = apply_plan(copy.deepcopy(w.model), (profile, plan))
+        for a, b in zip(train(wrapped, w), train(copy.deepcopy(w.model), w), strict=True):
+            assert torch.equal(a, b)
+        first_step = len(calls)
+        w.loss_fn(wrapped, w.batch).backward()
+        assert len(calls) == first_step  # no policy after the first call
 
 
 def test_a_model_that_differs_is_refused_naming_the_op():

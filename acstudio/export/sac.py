@@ -4,6 +4,10 @@ Each block the SAC form wraps (see :mod:`acstudio.simulate.sac`) lists the ops o
 captured graph ran them, each with the module that ran it and ``save`` or ``recompute``. An op is addressed by
 a key recorded at capture, never guessed: its block, its aten overload and its occurrence among the calls of
 that overload in the block's forward. :func:`acstudio.apply_plan` reads this file.
+
+A decision is ``save``, ``recompute`` or ``update``: an op that updates module state (BatchNorm's
+``num_batches_tracked += 1``), saved under the policy so that the replay does not update it twice. A block whose
+only saved ops are updates can run a plain checkpoint instead, which puts the block's buffers back after the replay.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class OpDecision:
     op: str  # aten overload, e.g. "aten.addmm.default"
     module: str  # innermost module that ran it (for messages)
     save: bool
+    updates_state: bool = False  # saved because it updates module state, not for the plan
 
 
 @dataclass
@@ -42,20 +47,19 @@ class SacPolicy:
     def from_plan(cls, profile: Profile, recomputed: list[str]) -> SacPolicy:
         form = simulate_sac(profile, recomputed)
         by_id = profile.node_by_id
-        blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how == SAVE) for i, how in ops if is_op(by_id[i])]
-                  for b, ops in form.decisions.items()}
+        blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how == SAVE, i in form.state_updates)
+                      for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
         return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms)
 
     def to_dict(self) -> dict:
         return {"profile_fingerprint": self.profile_fingerprint,
-                "blocks": {b: [[d.op, d.module, "save" if d.save else "recompute"] for d in ops]
-                           for b, ops in self.blocks.items()},
+                "blocks": {b: [[d.op, d.module, _decision(d)] for d in ops] for b, ops in self.blocks.items()},
                 "freed": self.freed, "predicted_peak_bytes": self.predicted_peak_bytes,
                 "predicted_extra_ms": self.predicted_extra_ms}
 
     @classmethod
     def from_dict(cls, d: dict) -> SacPolicy:
-        blocks = {b: [OpDecision(op, module, how == "save") for op, module, how in ops]
+        blocks = {b: [OpDecision(op, module, how in ("save", "update"), how == "update") for op, module, how in ops]
                   for b, ops in d["blocks"].items()}
         return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"])
 
@@ -67,6 +71,10 @@ class SacPolicy:
     @classmethod
     def load(cls, directory: str | Path) -> SacPolicy:
         return cls.from_dict(read_document(Path(directory) / POLICY_FILE, POLICY_SCHEMA, POLICY_VERSION))
+
+
+def _decision(d: OpDecision) -> str:
+    return ("update" if d.updates_state else "save") if d.save else "recompute"
 
 
 def policy(job: ExportJob) -> SacPolicy:

@@ -44,6 +44,7 @@ from acstudio.simulate.simulator import SimResult, Simulator
 
 SAVE = "save"
 RECOMPUTE = "recompute"
+UPDATES_STATE = "updates module state"  # why an op is saved whatever the plan (BatchNorm's num_batches_tracked += 1)
 
 
 def is_op(node) -> bool:
@@ -173,7 +174,7 @@ class SacBlocks:
         if verdict.startswith("random"):  # a draw that may not be repeated (--keep-random)
             return "draws random numbers"
         if verdict.startswith("mutates"):
-            return "updates module state"
+            return UPDATES_STATE
         return ""
 
     @cached_property
@@ -316,6 +317,7 @@ class SacForm:
     decisions: dict[str, list[tuple[str, str]]]  # wrapped block -> (node id, SAVE | RECOMPUTE), forward order
     freed: list[str]
     result: SimResult
+    state_updates: set[str] = dataclasses.field(default_factory=set)  # saved ops that update module state
 
 
 def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collection[str]) -> SacForm:
@@ -327,4 +329,6 @@ def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collecti
     nodes, created = sim.profile.nodes, sim.replay.created
     wrapped = {blocks.block[created[k]] for k in np.flatnonzero(freed)}
     decisions = {b: [(nodes[i].id, decision[i]) for i in blocks.fw_nodes[b]] for b in blocks.blocks if b in wrapped}
-    return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result)
+    state = {nodes[i].id for i, why in blocks.forced.items() if why == UPDATES_STATE}
+    return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result,
+                   state_updates=state)
