@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet2 | sacresnet3 | sacbert | sacllama | compiled | compiled-llama | verify (one H200 each)
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacbert | sacllama | compiled | compiled-llama | verify (one H200 each)
 #         | dist | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
@@ -74,6 +74,9 @@ sacresnet)  # about 9 min: ResNet-152's SAC rows: eager at per-block's peak, com
   # compiled row failed in this run: see sacresnet2)
   run resnet152_bs64_sac_compile 560 resnet152 -b 64 --configs "per-block,rewritten@per-block,sac@per-block,\
 compile,compile+per-block,compile@0.5,sac+compile@compile@0.5" $steps
+  ;;
+sacresnet-eager)  # about 2 min: ResNet-152's eager SAC row at per-block's peak, beside per-block and rewritten
+  run resnet152_bs64_sac_eager 200 resnet152 -b 64 --configs per-block,rewritten@per-block,sac@per-block $steps
   ;;
 sacresnet2)  # about 9 min: ResNet-152's compiled SAC rows at compile@0.5's and compile+per-block's peaks
   run resnet152_bs64_sac_compile2 570 resnet152 -b 64 --configs \
