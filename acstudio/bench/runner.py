@@ -186,8 +186,8 @@ class _Bench:
         if config.kind == "sac+compile":
             # the compiled prediction is calibrated on compile+per-block's measured peak, and the compiled replay
             # times on its step time against compile's (acstudio.plan.compiled)
-            per_block, plain = (self.measure(BenchConfig(kind, None, config.parallel), batch_size, phase, total)
-                                for kind in ("compile+per-block", "compile"))
+            per_block = self.measure(BenchConfig("compile+per-block", None, config.parallel), batch_size, phase, total)
+            plain = self.measure(BenchConfig("compile", None, config.parallel), batch_size, phase, total)
             if per_block["status"] == "ok" and per_block.get("peak_bytes"):
                 cfg["compiled_per_block_peak"] = f"{int(per_block['peak_bytes'])}B"
                 if plain["status"] == "ok" and plain.get("time_ms_median"):

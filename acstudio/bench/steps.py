@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from acstudio.bench.configs import BenchConfig
 from acstudio.errors import ACStudioError
+from acstudio.plan import baselines
 from acstudio.workload import Workload, WorkloadSpec, build_workload
 
 
@@ -278,12 +279,10 @@ def _aten_ops(*names: str) -> frozenset:
     return frozenset(getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n))
 
 
-# torchtitan's op-level policy: matmul outputs (every second one recomputed) and attention outputs are saved.
-PER_OP_MATMULS = _aten_ops("mm", "addmm", "bmm")
-PER_OP_ATTENTION = _aten_ops(
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps")
+# torchtitan's op-level policy: matmul outputs (every second one recomputed) and attention outputs are saved; the
+# planner's per-op set names the same ops.
+PER_OP_MATMULS = _aten_ops(*baselines.PER_OP_MATMULS)
+PER_OP_ATTENTION = _aten_ops(*baselines.PER_OP_ATTENTION)
 
 
 def per_op_policy() -> Callable:

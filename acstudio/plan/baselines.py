@@ -83,13 +83,19 @@ def sqrt_n(ctx: PlanContext) -> list[int]:
     return [k for k in ctx.rg.candidates if k not in keep]
 
 
-# The ops torchtitan's policy saves (``_save_list``): matmuls, every second one, and attention.
-MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
+# The aten ops whose outputs torchtitan's op-level policy saves (its ``_save_list``): matmuls, every second one, and
+# attention. acstudio.bench.steps builds the runtime policy of the per-op peer from the same names.
+PER_OP_MATMULS = ("mm", "addmm", "bmm")
+PER_OP_ATTENTION = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                    "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps")
+MATMULS = frozenset(f"aten.{name}.default" for name in PER_OP_MATMULS)
+_ATTENTION = frozenset(f"aten.{name}.default" for name in PER_OP_ATTENTION)
 
 
 def is_attention(target: str) -> bool:
-    """``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` and the other fused attention kernels."""
-    return "dot_product" in target and "attention" in target
+    """A fused attention kernel (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` ...)."""
+    return target in _ATTENTION
 
 
 def per_op(ctx: PlanContext) -> list[int]:

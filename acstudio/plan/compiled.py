@@ -92,12 +92,13 @@ def is_library_kernel(target: str) -> bool:
     return target in MATMULS or is_attention(target) or target.startswith("aten.convolution")
 
 
-def kernel_scale(ctx: PlanContext, times: CompiledTimes) -> float:
-    """What a replayed library kernel costs compiled per ms of its eager time, calibrated on recompute-all (see
-    the module): 1 where recompute-all replays no library kernel or compile+per-block measured no slower."""
+def kernel_scale(ctx: PlanContext, times: CompiledTimes, kernel: np.ndarray) -> float:
+    """What a replayed library kernel (``kernel``: per node) costs compiled per ms of its eager time, calibrated on
+    recompute-all (see the module): 1 where recompute-all replays no library kernel or compile+per-block measured no
+    slower."""
     mode = get_mode(TIMED_MODE)
     replayed = [i for r in mode.schedule(ctx.sim, recompute_all(ctx)).replays for i in mode.needed(ctx.sim, r)]
-    kernels = sum(ctx.rg.run_ms[i] for i in replayed if is_library_kernel(ctx.profile.nodes[i].target))
+    kernels = float(ctx.rg.run_ms[[i for i in replayed if kernel[i]]].sum())
     measured = times.per_block_ms - times.compile_ms
     return measured / kernels if kernels > 0 and measured > 0 else 1.0
 
@@ -107,8 +108,8 @@ def compiled_context(ctx: PlanContext, times: CompiledTimes) -> PlanContext:
     :func:`kernel_scale` times their eager time, fused ops nothing (built once per ``times``, cached on ``ctx``)."""
     key = ("compiled", times, ctx.rg.keep_random)
     if key not in ctx.cache:
-        scale = kernel_scale(ctx, times)
         kernel = np.array([is_library_kernel(nd.target) for nd in ctx.profile.nodes], dtype=bool)
+        scale = kernel_scale(ctx, times, kernel)
         replay = ReplayGraph(ctx.profile, ctx.rg.keep_random, node_ms=np.where(kernel, ctx.rg.run_ms * scale, 0.0))
         compiled = PlanContext(ctx.profile, Simulator(ctx.profile, replay))
         compiled.cache["kernel_scale"] = scale

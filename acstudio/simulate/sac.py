@@ -294,7 +294,7 @@ class ReplaySacCompiled(ReplaySac):
     @staticmethod
     def needed(sim: Simulator, replay: Replay) -> list[int]:
         """The replayed nodes the replay's outputs depend on."""
-        blocks, inputs = sac_blocks(sim), sim.replay._inputs
+        blocks = sac_blocks(sim)
         replayed = set(replay.nodes.tolist())
         todo = [i for k in replay.outputs for i in blocks.writers[k] if i in replayed]
         seen: set[int] = set()
@@ -302,7 +302,7 @@ class ReplaySacCompiled(ReplaySac):
             i = todo.pop()
             if i not in seen:
                 seen.add(i)
-                todo.extend(u for u in inputs[i] if u in replayed)
+                todo.extend(u for u in blocks.inputs[i] if u in replayed)
         return sorted(seen)
 
 
