@@ -161,6 +161,8 @@ class SacBlocks:
                 own_reads[list(writes)] = True
             own_reads[list(read - writes)] = True
         self.passes_through = self.leaves & ~own_reads
+        self._forms: dict[tuple[str, frozenset[int]], _BlockForm] = {}
+        self.pruned: dict[int, Replay] = {}  # id of a replay in _forms -> it with sac-compiled's time
         self.inputs = inputs
         # Views of values from outside the block (the rotary cos/sin that a decoder layer unsqueezes): replaying one
         # costs nothing and holds nothing new, so it is recomputed; saving it would make a block that recomputes
@@ -192,64 +194,113 @@ class SacBlocks:
     def decide(self, recomputed: Collection[int]) -> tuple[dict[int, str], np.ndarray]:
         """(decision per forward op of a block, mask of the activations the SAC form really frees).
 
+        Each block decides alone (:meth:`_block`): what an op of one block writes or reads in another block is
+        never freeable (it leaves its block)."""
+        decision: dict[int, str] = {}
+        freed = np.zeros(len(self.sim.replay.bytes), dtype=bool)
+        for b, asked in self._asked(recomputed).items():
+            part = self._block(b, asked)
+            decision.update(part.decision)
+            freed[list(part.freed)] = True
+        return decision, freed
+
+    def _asked(self, recomputed: Collection[int]) -> dict[str, frozenset[int]]:
+        """Per block, the freeable activations of ``recomputed`` it created."""
+        asked: dict[str, set[int]] = {b: set() for b in self.blocks}
+        for k in recomputed:
+            if self.freeable[k]:
+                asked[self.act_block[k]].add(int(k))
+        return {b: frozenset(ks) for b, ks in asked.items()}
+
+    @cached_property
+    def act_block(self) -> list[str]:
+        """Per activation: the block of the node that created it."""
+        return [self.block[c] for c in self.sim.replay.created]
+
+    def _block(self, b: str, asked: frozenset[int]) -> _BlockForm:
+        """Block ``b``'s decisions, frees and replay when the plan frees ``asked`` there (memoized: a planner's
+        trial changes one block, so the others are looked up).
+
         Fixed point: an op that writes a kept activation is saved, which keeps everything else it writes. An op
         that reads a value overwritten in place later in forward is saved unless the replay recomputes that value
         too (SAC would serve the overwritten one from its cache, or the caller holds it). A block's random ops are
         all saved or all recomputed: the checkpoint replays from the generator state the block started with, so
         the replay draws what forward drew only if it runs every draw forward ran.
         """
-        n_act = len(self.sim.replay.bytes)
-        freed = np.zeros(n_act, dtype=bool)
-        freed[list(recomputed)] = True
-        freed &= self.freeable
-        random_saved: set[str] = set()  # blocks whose random ops are all saved
+        key = (b, asked)
+        if key in self._forms:
+            return self._forms[key]
+        freed = set(asked)
+        random_saved = False  # the block's random ops are all saved
         passes = self.passes_through  # only the caller holds them: saving their op would just force a compiled save
         views = self.outside_views
         while True:
             save: dict[int, bool] = {}
-            for b in self.blocks:
-                for i in self.fw_nodes[b]:  # forward order: what i reads is decided before i
-                    writes_kept = i not in views and any(not (freed[k] or passes[k]) for k in self.writes[i])
-                    save[i] = (bool(self.forced[i]) or writes_kept
-                               or any(self.block[u] != b or save.get(u, True) for u in self.stale_reads[i])
-                               or (b in random_saved and i in self.random_ops[b]))
-            newly = {b for b in self.blocks if b not in random_saved and any(save[i] for i in self.random_ops[b])}
-            kept = [k for i, s in save.items() if s for k in self.writes[i] if freed[k]]
+            for i in self.fw_nodes[b]:  # forward order: what i reads is decided before i
+                writes_kept = i not in views and any(not (k in freed or passes[k]) for k in self.writes[i])
+                save[i] = (bool(self.forced[i]) or writes_kept
+                           or any(self.block[u] != b or save.get(u, True) for u in self.stale_reads[i])
+                           or (random_saved and i in self.random_ops[b]))
+            newly = not random_saved and any(save[i] for i in self.random_ops[b])
+            kept = {k for i, s in save.items() if s for k in self.writes[i] if k in freed}
             if not kept and not newly:
-                return {i: SAVE if s else RECOMPUTE for i, s in save.items()}, freed
+                break
             random_saved |= newly
-            freed[kept] = False
+            freed -= kept
+        decision = {i: SAVE if s else RECOMPUTE for i, s in save.items()}
+        form = self._forms[key] = _BlockForm(decision, tuple(sorted(freed)), *self._replay(b, decision, freed))
+        return form
+
+    def _replay(self, b: str, decision: dict[int, str], freed: set[int]):
+        """Block ``b``'s replay (None when it frees nothing), the scratch storages its saved ops keep until it, its
+        arguments' scratch storages, and the kept activations it reads."""
+        if not freed:
+            return None, {}, set(), ()
+        rg, storage = self.sim.replay, [nd.storage for nd in self.sim.profile.nodes]
+        at, stop = self.replay_at[b], self.stop[b]
+        saved_scratch = {t: at for i in self.fw_nodes[b] if decision[i] == SAVE for t in self.scratch_made.get(i, [])}
+        args = {storage[u] for i in self.fw_nodes[b] for u in self.inputs[i] if self.block[u] != b}
+        nodes = np.array([i for i in self.fw_nodes[b] if i <= stop and decision[i] == RECOMPUTE], dtype=np.int64)
+        made = {k for i in nodes for k in self.writes[i]}
+        sources = sorted({k for i in nodes for u in self.inputs[i] for k in self.writes.get(u, []) if k not in made})
+        outputs = tuple(sorted(freed))
+        replay = Replay(at, outputs, outputs, tuple(sources), (), nodes, float(rg.run_ms[nodes].sum()),
+                        rg.transient_bytes(list(outputs), nodes))
+        return replay, saved_scratch, args & self.scratch.keys(), tuple(s for s in sources if s not in freed)
 
     def schedule(self, recomputed: Collection[int]) -> SharedSchedule:
         """One replay per block that frees something, in the order they run."""
-        rg, storage = self.sim.replay, [nd.storage for nd in self.sim.profile.nodes]
-        decision, freed = self.decide(recomputed)
-        n_act = len(rg.bytes)
+        n_act = len(self.sim.replay.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
         replays, held = [], {}
-        for b in self.blocks:
-            outputs = [int(k) for k in np.flatnonzero(freed) if self.block[rg.created[k]] == b]
-            if not outputs:
+        for b, asked in self._asked(recomputed).items():
+            form = self._block(b, asked)
+            if form.replay is None:
                 continue
-            at, stop = self.replay_at[b], self.stop[b]
-            held.update({t: at for i in self.fw_nodes[b] if decision[i] == SAVE for t in self.scratch_made.get(i, [])})
-            args = {storage[u] for i in self.fw_nodes[b] for u in self.inputs[i] if self.block[u] != b}
-            for t in args & self.scratch.keys():
+            at = form.replay.at
+            held.update(form.saved_scratch)
+            for t in form.arg_scratch:
                 held[t] = max(held.get(t, -1), self.backward_end[b] + 1)
-            nodes = np.array([i for i in self.fw_nodes[b] if i <= stop and decision[i] == RECOMPUTE], dtype=np.int64)
-            made = {k for i in nodes for k in self.writes[i]}
-            sources = sorted({k for i in nodes for u in self.inputs[i] for k in self.writes.get(u, [])
-                              if k not in made})
-            for s in sources:
-                if not freed[s]:
-                    keep_until[s] = max(keep_until[s], at)
-            back[outputs] = at
-            replays.append(Replay(at, tuple(outputs), tuple(outputs), tuple(sources), (), nodes,
-                                        float(rg.run_ms[nodes].sum()), rg.transient_bytes(outputs, nodes)))
+            for s in form.kept_sources:
+                keep_until[s] = max(keep_until[s], at)
+            back[list(form.freed)] = at
+            replays.append(form.replay)
         replays.sort(key=lambda r: r.at)
         cached = [(self.scratch[t][1] + 1, until - 1, self.scratch[t][0]) for t, until in held.items()]
         return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3))
+
+
+@dataclass(frozen=True)
+class _BlockForm:
+    """One block's part of a SAC form (see :meth:`SacBlocks._block`)."""
+
+    decision: dict[int, str]
+    freed: tuple[int, ...]
+    replay: Replay | None
+    saved_scratch: dict[str, int]  # scratch storage -> replay node: SAC's cache holds a saved op's outputs until it
+    arg_scratch: set[str]  # the block's arguments that are scratch storages: held until its backward has run
+    kept_sources: tuple[int, ...]  # kept activations the replay reads
 
 
 def sac_blocks(sim: Simulator) -> SacBlocks:
@@ -286,9 +337,13 @@ class ReplaySacCompiled(ReplaySac):
     summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
-        schedule = sac_blocks(sim).schedule(recomputed)
-        schedule.replays = [dataclasses.replace(r, time_ms=float(sim.replay.run_ms[self.needed(sim, r)].sum()))
-                            for r in schedule.replays]
+        blocks = sac_blocks(sim)
+        schedule = blocks.schedule(recomputed)
+        for r in schedule.replays:
+            if id(r) not in blocks.pruned:
+                pruned_ms = float(sim.replay.run_ms[self.needed(sim, r)].sum())
+                blocks.pruned[id(r)] = dataclasses.replace(r, time_ms=pruned_ms)
+        schedule.replays = [blocks.pruned[id(r)] for r in schedule.replays]
         return schedule
 
     @staticmethod
