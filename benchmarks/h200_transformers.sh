@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacbert | sacllama | compiled | compiled-llama | verify (one H200 each)
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacbert | sacllama | compiled | compiled-llama | verify (one H200 each)
 #         | dist | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
@@ -85,6 +85,10 @@ sacresnet2)  # about 9 min: ResNet-152's compiled SAC rows at compile@0.5's and 
 sacresnet3)  # about 8 min: ResNet-152's compiled SAC row at compile@0.2's peak
   run resnet152_bs64_sac_compile3 570 resnet152 -b 64 --configs \
     "compile@0.2,compile+per-block,compile,sac+compile@compile@0.2" $steps
+  ;;
+sacresnet4)  # about 8 min: sacresnet3 again after the fill change, with more steps and recompilations logged
+  TORCH_LOGS=graph_breaks,recompiles run resnet152_bs64_sac_compile4 570 resnet152 -b 64 --configs \
+    "compile@0.2,compile+per-block,compile,sac+compile@compile@0.2" --warmup 5 --iters 20
   ;;
 fits)  # about 3 min: the rows that had come out a fraction of a MiB over their budget, with the bench's headroom
   run gpt2_bs16_fits 200 gpt2 -b 16 --configs per-block,rewritten@per-block $steps
