@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_spec
@@ -23,7 +24,7 @@ from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import KNOWN, POLICIES
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import simulate_plan
-from acstudio.simulate.sac import RECOMPUTE, SAVE, cache_memory, sac_blocks, simulate_sac
+from acstudio.simulate.sac import RECOMPUTE, SAVE, SacBlocks, cache_memory, sac_blocks, simulate_sac
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
@@ -363,3 +364,23 @@ def test_planning_for_sac_fits_where_repricing_overshoots():
     assert overshoots, "some budget should need a lower target than auto's plan"
     one = make_plan(profile, int(ctx.sim.baseline_peak * 0.9), "blocks", ctx=ctx, mode="sac")
     assert one.solver == "blocks" and one.replay_mode == "sac"
+
+
+def test_the_sac_form_memoized_per_block_equals_a_fresh_one():
+    """A planner's trials reuse each block's form; whatever sets came before, a set's schedule is a fresh one's."""
+    sim = Simulator(Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz"))
+    rng = np.random.default_rng(0)
+    candidates = sim.replay.candidates
+    sets = [sorted(rng.choice(candidates, size=len(candidates) // 2, replace=False).tolist()) for _ in range(4)]
+    warm = SacBlocks(sim)
+    for ks in sets:
+        warm.schedule(ks)
+    for ks in sets:
+        fresh = SacBlocks(sim)
+        a, b = warm.schedule(ks), fresh.schedule(ks)
+        assert warm.decide(ks)[0] == fresh.decide(ks)[0]
+        assert np.array_equal(warm.decide(ks)[1], fresh.decide(ks)[1])
+        assert [(r.at, r.outputs, r.sources, r.nodes.tolist(), r.time_ms, r.transient) for r in a.replays] == \
+               [(r.at, r.outputs, r.sources, r.nodes.tolist(), r.time_ms, r.transient) for r in b.replays]
+        assert np.array_equal(a.back, b.back) and np.array_equal(a.keep_until, b.keep_until)
+        assert sorted(map(tuple, a.cached.tolist())) == sorted(map(tuple, b.cached.tolist()))
