@@ -384,3 +384,21 @@ def test_the_sac_form_memoized_per_block_equals_a_fresh_one():
                [(r.at, r.outputs, r.sources, r.nodes.tolist(), r.time_ms, r.transient) for r in b.replays]
         assert np.array_equal(a.back, b.back) and np.array_equal(a.keep_until, b.keep_until)
         assert sorted(map(tuple, a.cached.tolist())) == sorted(map(tuple, b.cached.tolist()))
+
+
+def test_filling_never_turns_an_eager_plain_checkpoint_into_sac_dispatch():
+    """Eager, keeping one activation back in a block that recomputes everything else would run SAC's per-op dispatch
+    for the whole block, a host cost the simulator does not price: the fill leaves such blocks alone. Compiled, the
+    policy only runs while tracing, so the same memory buys kept activations."""
+    from acstudio.plan.baselines import recompute_all
+    from acstudio.plan.solvers import fill_budget
+
+    ctx = PlanContext(Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz"))
+    everything = recompute_all(ctx)
+    assert not sac_blocks(ctx.sim).runs_policy(everything)
+    for mode, keeps in (("sac", False), ("sac-compiled", True)):
+        start = ctx.plan_for_set("recompute-all", 0, everything, mode=mode)
+        budget = start.predicted_peak_bytes + 200 * 2**20
+        filled, kept = fill_budget(ctx, dataclasses.replace(start, budget_bytes=budget), budget, mode)
+        assert (kept > 0) == keeps
+        assert filled.predicted_peak_bytes <= budget

@@ -291,13 +291,14 @@ def fill_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: 
     no larger than the memory left (where the peak holds every saved activation, keeping one adds its bytes there)
     is tried alone once, and those that pay are kept back greedily, the most replay time saved per byte first. The
     saving is measured, not read off the creating op: compiled, keeping a cheap rotary output saves the replay of
-    the matmul before it."""
+    the matmul before it. A mode may refuse a candidate whose cost it does not price (:meth:`ReplayMode.may_keep_back`:
+    eager SAC's dispatch in a block that ran a plain checkpoint)."""
     rg, replay = ctx.rg, get_mode(mode)
     current = ctx.sim.indices(chosen.recomputed)
     peak, fastest = chosen.predicted_peak_bytes, chosen.predicted_extra_ms
     saving: dict[int, float] = {}
     for k in current:
-        if rg.bytes[k] > budget - peak:
+        if rg.bytes[k] > budget - peak or not replay.may_keep_back(ctx.sim, current, k):
             continue
         check(cancel)
         trial_peak, _, ms = replay.peak(ctx.sim, [j for j in current if j != k])
@@ -305,7 +306,7 @@ def fill_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: 
             saving[k] = (fastest - ms) / max(int(rg.bytes[k]), 1)
     kept = 0
     for k in sorted(saving, key=lambda k: -saving[k]):
-        if rg.bytes[k] > budget - peak:
+        if rg.bytes[k] > budget - peak or not replay.may_keep_back(ctx.sim, current, k):
             continue
         check(cancel)
         trial = [j for j in current if j != k]

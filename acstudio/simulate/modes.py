@@ -36,6 +36,11 @@ class ReplayMode:
         """(peak bytes, peak node position, whether during a replay[, per-node category table])."""
         raise NotImplementedError
 
+    def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
+        """Whether the planner may keep activation ``k`` back from ``recomputed`` on the simulated time alone (a
+        mode says no where keeping it would add a cost the simulator does not price)."""
+        return True
+
     def peak(self, sim: Simulator, recomputed: Sequence[int]) -> tuple[int, int, float]:
         """(peak bytes, peak node position, extra ms) of activation indices ``recomputed``."""
         schedule = self.schedule(sim, recomputed)
