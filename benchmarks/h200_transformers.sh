@@ -2,8 +2,8 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacbert | sacllama | compiled | compiled-llama | verify (one H200 each)
-#         | dist | dist-eager (nvidia-h200-x2: 2 GPUs)
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacbert | sacllama | compiled | compiled-llama | compiled-bert | verify (one H200 each)
+#         | dist | dist-compiled | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
 set -u
@@ -101,8 +101,11 @@ compiled)  # about 8 min: the compiled rows of sacllama and sacbert only
   run llama_bs8_sac_compiled 250 $llama -b 8 --configs "$compiled_rows" $steps
   run bert_bs16_sac_compiled 330 bert -b 16 --configs "$compiled_rows" $steps
   ;;
-compiled-llama)  # about 4 min: the compiled rows of sacllama only
-  run llama_bs8_sac_compiled 250 $llama -b 8 --configs "$compiled_rows" $steps
+compiled-llama)  # about 5 min: the compiled rows of sacllama only
+  run llama_bs8_sac_compiled 290 $llama -b 8 --configs "$compiled_rows" $steps
+  ;;
+compiled-bert)  # about 5.5 min: the compiled rows of sacbert only
+  run bert_bs16_sac_compiled 330 bert -b 16 --configs "$compiled_rows" $steps
   ;;
 sacllama)  # about 5 min: the decoder's SAC rows, with torch.compile's graph breaks and recompilations logged
   TORCH_LOGS=graph_breaks,recompiles run llama_bs8_sac 530 $llama -b 8 --configs "$sac_rows" $steps
@@ -111,6 +114,11 @@ dist)  # about 8 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per
   # block; and 1 GPU on all 16
   run llama_bs8x2_dist 480 $llama -b 8 --nproc 2 --configs "$(dist_rows fsdp),$(dist_rows ddp)" $steps
   run llama_bs16_single 80 $llama -b 16 --configs eager $steps
+  ;;
+dist-compiled)  # about 5 min on nvidia-h200-x2: the compiled rows of dist, beside HF GC (their budget) and no AC
+  run llama_bs8x2_dist_compiled 330 $llama -b 8 --nproc 2 --configs \
+    fsdp,fsdp+per-block,fsdp+compile,fsdp+compile+per-block,fsdp+sac+compile@fsdp+per-block,\
+ddp,ddp+per-block,ddp+compile,ddp+compile+per-block,ddp+sac+compile@ddp+per-block $steps
   ;;
 dist-eager)  # about 3 min on nvidia-h200-x2: the eager rows of dist only
   run llama_bs8x2_dist_eager 300 $llama -b 8 --nproc 2 --configs \

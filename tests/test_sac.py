@@ -22,6 +22,7 @@ from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import KNOWN, POLICIES
+from acstudio.profile import blocks as module_blocks
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.sac import RECOMPUTE, SAVE, SacBlocks, cache_memory, sac_blocks, simulate_sac
@@ -220,9 +221,10 @@ def test_a_block_that_saves_nothing_runs_a_plain_checkpoint_after_its_first_call
 
 
 def test_blocks_that_save_only_batchnorm_counters_run_plain_checkpoints():
-    """ResNet-152 as profiled on the H200: at recompute-all every bottleneck saves only its BatchNorm counter
-    updates (``update`` in the policy). Such a block runs its first call under the policy and later ones as plain
-    checkpoints that put the buffers back, so a CPU ResNet-152 trains bitwise like eager, counters included."""
+    """ResNet-152 as profiled on the H200: at recompute-all every bottleneck, and the stem's BatchNorm and max pool
+    around them, save only their BatchNorm counter updates (``update`` in the policy). Such a block runs its first
+    call under the policy and later ones as plain checkpoints that put the buffers back, so a CPU ResNet-152 trains
+    bitwise like eager, counters included."""
     from acstudio.export.sac import SacPolicy
     from acstudio.plan.baselines import recompute_all
 
@@ -230,7 +232,8 @@ def test_blocks_that_save_only_batchnorm_counters_run_plain_checkpoints():
     ctx = PlanContext(profile)
     plan = ctx.plan_for_set("recompute-all", 0, recompute_all(ctx), mode="sac")
     policy = SacPolicy.from_plan(profile, plan.recomputed)
-    assert len(policy.blocks) == 50
+    assert sorted(b for b in policy.blocks if not b.startswith("layer")) == ["bn1", "maxpool"]
+    assert len(policy.blocks) == 52
     assert all(d.updates_state for ops in policy.blocks.values() for d in ops if d.save
                and d.op != "aten.alias.default")
     assert SacPolicy.from_dict(policy.to_dict()) == policy  # "update" survives the file
@@ -249,6 +252,26 @@ def test_blocks_that_save_only_batchnorm_counters_run_plain_checkpoints():
         first_step = len(calls)
         w.loss_fn(wrapped, w.batch).backward()
         assert len(calls) == first_step  # no policy after the first call
+
+
+def test_sac_wraps_the_repeated_blocks_and_the_modules_around_them_that_run_once():
+    """Around the layers, SAC wraps each outermost module that holds no layer; never the root, the module holding
+    the layers, the capture's pseudo modules, a module called twice (its ops run in two stretches), or one whose
+    values an op outside every block reads."""
+    decoder = ["model.embed_tokens", "model", "model.layers.0.attn", "model.layers.0", "model.layers.1.mlp",
+               "model.norm", "lm_head", "", "(loss)"]
+    assert module_blocks.sac_blocks(decoder) == {
+        "model.embed_tokens": "model.embed_tokens", "model.layers.0.attn": "model.layers.0",
+        "model.layers.0": "model.layers.0", "model.layers.1.mlp": "model.layers.1", "model.norm": "model.norm",
+        "lm_head": "lm_head"}
+    mlm_head = ["enc.layer.0", "enc.layer.1", "cls.transform.dense", "cls.transform.act", "cls.decoder"]
+    assert {module_blocks.sac_blocks(mlm_head)[m] for m in mlm_head[2:]} == {"cls"}  # one block: the whole head
+    called_twice = ["norm", "layers.0", "layers.1", "norm", "head"]
+    assert module_blocks.sac_blocks(called_twice) == {"layers.0": "layers.0", "layers.1": "layers.1", "head": "head"}
+    # In a profile: BERT's embeddings are wrapped; its MLM head is not, because the loss reads the logits it makes
+    _, profile = captured("bert")
+    wrapped = simulate_sac(profile, plans("bert")["recompute-all"].recomputed).decisions.keys()
+    assert "bert.embeddings" in wrapped and "cls" not in wrapped
 
 
 def test_a_model_that_differs_is_refused_naming_the_op():

@@ -89,8 +89,8 @@ def write(job: ExportJob, directory: Path) -> list[str]:
 def unavailable(job: ExportJob) -> str:
     if policy(job).blocks:
         return ""
-    return ("the plan frees nothing inside a repeated block (the module boundaries SAC wraps), so SAC would "
-            "change nothing")
+    return ("the plan frees nothing inside a block SAC can wrap (a repeated block or a module around them), so "
+            "SAC would change nothing")
 
 
 register_format(ExportFormat("sac", f"{POLICY_FILE}: per-op save/recompute decisions for acstudio.apply_plan "

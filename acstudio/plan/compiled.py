@@ -7,12 +7,13 @@ step saves exactly the op outputs that eager SAC saves. What compile changes the
 plan, and one offset, measured once, carries the SAC mode's eager prediction of any plan over to the compiled step:
 
     compiled peak(plan) = SAC-mode peak(plan) - offset,
-    offset = SAC-mode peak(recompute-all) - measured compiled peak of per-block checkpointing.
+    offset = SAC-mode peak(per-module) - measured compiled peak of per-block checkpointing.
 
 The compiled model under per-block checkpointing (``compile+per-block``: every block under a plain non-reentrant
-checkpoint) saves what the recompute-all plan saves, the blocks' inputs. The model holds while the peak stays where
-the saved activations all live (the end of forward, the loss head): the plans it compares keep the same
-temporaries there and differ by the activations they save.
+checkpoint) saves what the per-module plan's SAC form saves (every repeated block recomputed, the modules around
+them as in eager), the blocks' inputs. The model holds while the peak stays where the saved activations all live
+(the end of forward, the loss head): the plans it compares keep the same temporaries there and differ by the
+activations they save.
 
 Time changes too. A recomputed matmul, convolution or attention runs a library kernel compiled as in eager, but
 Inductor fuses the pointwise ops and reductions around it into kernels that run anyway, so replaying them costs
@@ -22,7 +23,7 @@ pointwise outputs (a decoder's bf16 weight casts) and recomputes matmuls, the op
 Given the measured step times of compile and compile+per-block (:class:`CompiledTimes`), replays are priced as
 their library kernels only, scaled by one factor calibrated the same way as the peak:
 
-    compile+per-block - compile = scale * the library-kernel eager time of recompute-all's replays,
+    compile+per-block - compile = scale * the library-kernel eager time of per-module's replays,
 
 so the calibration point is exact; the scale does not change which plan is faster (:func:`compiled_context`).
 """
@@ -36,7 +37,7 @@ import numpy as np
 
 from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken
-from acstudio.plan.baselines import MATMULS, is_attention, recompute_all
+from acstudio.plan.baselines import MATMULS, is_attention, per_module
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import best_of, plan_for_mode
@@ -54,7 +55,7 @@ def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
     if measured_per_block_peak <= 0:
         raise ACStudioError(f"the compiled per-block peak is {measured_per_block_peak} bytes — give the peak "
                             "measured for compile+per-block (e.g. 3870MiB)")
-    eager = ctx.plan_for_set("recompute-all", 0, recompute_all(ctx), mode=COMPILED_MODE).predicted_peak_bytes
+    eager = ctx.plan_for_set("per-module", 0, per_module(ctx), mode=COMPILED_MODE).predicted_peak_bytes
     return eager - measured_per_block_peak
 
 
@@ -94,10 +95,10 @@ def is_library_kernel(target: str) -> bool:
 
 def kernel_scale(ctx: PlanContext, times: CompiledTimes, kernel: np.ndarray) -> float:
     """What a replayed library kernel (``kernel``: per node) costs compiled per ms of its eager time, calibrated on
-    recompute-all (see the module): 1 where recompute-all replays no library kernel or compile+per-block measured no
+    per-module (see the module): 1 where per-module replays no library kernel or compile+per-block measured no
     slower."""
     mode = get_mode(TIMED_MODE)
-    replayed = [i for r in mode.schedule(ctx.sim, recompute_all(ctx)).replays for i in mode.needed(ctx.sim, r)]
+    replayed = [i for r in mode.schedule(ctx.sim, per_module(ctx)).replays for i in mode.needed(ctx.sim, r)]
     kernels = float(ctx.rg.run_ms[[i for i in replayed if kernel[i]]].sum())
     measured = times.per_block_ms - times.compile_ms
     return measured / kernels if kernels > 0 and measured > 0 else 1.0
