@@ -126,9 +126,10 @@ def per_rank(profile, args):
     """The profile as one rank of ``--fsdp N`` or ``--ddp N`` sees it (unchanged without either)."""
     from acstudio.simulate.sharding import per_rank_profile
 
-    if args.fsdp and args.ddp:
+    fsdp, ddp = getattr(args, "fsdp", None), getattr(args, "ddp", None)  # `verify` takes neither
+    if fsdp and ddp:
         raise ACStudioError("give --fsdp N or --ddp N, not both")
-    kind = "fsdp" if args.fsdp else "ddp" if args.ddp else None
+    kind = "fsdp" if fsdp else "ddp" if ddp else None
     if kind is None:
         return profile
     world = getattr(args, kind)
@@ -224,7 +225,7 @@ def _load_profile_and_plan(args):
     from acstudio.plan.model import Plan
     from acstudio.profile.model import Profile
 
-    profile = Profile.load(args.profile)
+    profile = per_rank(Profile.load(args.profile), args)
     plan = Plan.load(args.plan, profile=profile)
     if not plan.feasible:
         from acstudio.units import format_bytes
@@ -371,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace --out even if it holds files AC Studio did not write")
     p.add_argument("--format", metavar="step,schedule,sac",
                    help="formats to write, comma-separated (default: every one that applies)")
+    p.add_argument("--fsdp", type=int, metavar="N", help="the plan is for one of N ranks under FSDP2 (`acstudio plan "
+                   "--fsdp N`): SAC also wraps the modules around the blocks, which each rank runs eager")
+    p.add_argument("--ddp", type=int, metavar="N", help="the plan is for one of N ranks under DDP (as --fsdp)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("bench", help="benchmark eager, per-block checkpointing, compile and the rewritten step")

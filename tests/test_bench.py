@@ -105,6 +105,19 @@ def test_overheads_use_each_configurations_own_baseline():
     assert out["eager", 64]["status"] == "oom"
 
 
+def test_a_compiled_plans_predicted_time_is_checked_against_plain_compile_of_its_parallelism():
+    """A compiled plan predicts its time over compile without checkpointing; under FSDP2 that is fsdp+compile, though
+    its overhead column is against eager fsdp, the configuration a user would otherwise run."""
+    rows = [row("fsdp", 8, 75.0, 8000), row("fsdp+compile", 8, 52.0, 7000),
+            row("fsdp+sac+compile@fsdp+per-block", 8, 60.0, 4700)]
+    rows[0]["parallel"] = rows[1]["parallel"] = rows[2]["parallel"] = "fsdp"
+    rows[2]["details"] = {"plan": {"compiled_extra_ms": 14.6, "compiled_peak_bytes": 4750}, "budget_bytes": 4755}
+    plan_row = {r["config"]: r for r in compare(rows)}["fsdp+sac+compile@fsdp+per-block"]
+    assert plan_row["overhead_ms"] == pytest.approx(8.0) and plan_row["predicted_overhead_ms"] == 14.6
+    assert plan_row["overhead_pct"] == pytest.approx(-20.0)  # against eager fsdp
+    assert "+8.0 ms vs fsdp+compile, predicted +14.6" in BenchResults(meta={}, rows=rows).summary()
+
+
 @pytest.mark.parametrize(("start", "limit"), [(1, 64), (4, 100), (48, 1000)])
 def test_max_batch_search_finds_the_largest_fitting_batch(start, limit):
     for threshold in [0, 1, 2, 3, 5, 47, 48, 63, 64, 65, 99, 100, 999, 5000]:

@@ -58,3 +58,16 @@ def test_plan_for_a_replay_mode(tmp_path, capsys):
     assert "selective checkpointing per block" in capsys.readouterr().out
     plan = Plan.load(plan_path, profile=Profile.load(SAMPLE))
     assert plan.replay_mode == "sac" and plan.feasible and plan.recomputed
+
+
+def test_a_plan_for_one_rank_is_exported_for_that_rank(tmp_path, capsys):
+    """SAC wraps more for one FSDP2 rank (its head and norm run eager): export needs the plan's --fsdp."""
+    llama, plan_path = "sample_profiles/h200_llama_bs8_bf16_adamw.json.gz", tmp_path / "plan.json"
+    assert main(["plan", llama, "--fsdp", "2", "--budget", "4755MiB", "--mode", "sac", "--out", str(plan_path)]) == 0
+    assert main(["export", llama, "--plan", str(plan_path), "--format", "sac", "--out", str(tmp_path / "x")]) == 2
+    assert "made with --fsdp N or --ddp N, is read with the same option" in capsys.readouterr().err
+    assert main(["export", llama, "--plan", str(plan_path), "--fsdp", "2", "--format", "sac",
+                 "--out", str(tmp_path / "rank")]) == 0
+    from acstudio.export.sac import SacPolicy
+
+    assert "lm_head" in SacPolicy.load(tmp_path / "rank").blocks

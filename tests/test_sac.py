@@ -411,8 +411,8 @@ def test_the_sac_form_memoized_per_block_equals_a_fresh_one():
 
 def test_filling_never_turns_an_eager_plain_checkpoint_into_sac_dispatch():
     """Eager, keeping one activation back in a block that recomputes everything else would run SAC's per-op dispatch
-    for the whole block, a host cost the simulator does not price: the fill leaves such blocks alone. Compiled, the
-    policy only runs while tracing, so the same memory buys kept activations."""
+    for the whole block: the fill leaves such blocks alone. Compiled, the policy only runs while tracing, so the
+    same memory buys kept activations."""
     from acstudio.plan.baselines import recompute_all
     from acstudio.plan.solvers import fill_budget
 
@@ -425,3 +425,25 @@ def test_filling_never_turns_an_eager_plain_checkpoint_into_sac_dispatch():
         filled, kept = fill_budget(ctx, dataclasses.replace(start, budget_bytes=budget), budget, mode)
         assert (kept > 0) == keeps
         assert filled.predicted_peak_bytes <= budget
+
+
+def test_eager_sac_prices_the_dispatch_of_blocks_that_run_the_policy():
+    """A block that saves an op runs SAC's dispatch mode in eager: one policy call per forward op and per replayed op,
+    each SAC_DISPATCH_MS of host time. Plain checkpoints and compiled steps pay none."""
+    from acstudio.plan.baselines import per_module, per_op
+    from acstudio.simulate.modes import get_mode
+    from acstudio.simulate.sac import SAC_DISPATCH_MS, is_op
+
+    ctx = PlanContext(Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz"))
+    blocks, nodes = sac_blocks(ctx.sim), ctx.profile.nodes
+    plain, titan = per_module(ctx), per_op(ctx)
+    assert blocks.dispatch_ms(plain) == 0
+    layers = blocks.runs_policy(titan)
+    assert len(layers) == 8
+    asked = blocks._asked(titan)
+    calls = sum(sum(is_op(nodes[i]) for i in blocks.fw_nodes[b]) + len(blocks._block(b, asked[b]).replay.nodes)
+                for b in layers)
+    assert blocks.dispatch_ms(titan) == pytest.approx(calls * SAC_DISPATCH_MS) and calls > 8 * 100
+    eager, compiled = get_mode("sac").schedule(ctx.sim, titan), get_mode("sac-compiled").schedule(ctx.sim, titan)
+    assert eager.extra_ms == pytest.approx(sum(r.time_ms for r in eager.replays) + blocks.dispatch_ms(titan))
+    assert compiled.dispatch_ms == 0

@@ -129,7 +129,10 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     the profile alone re-derives."""
     offset = compiled_offset(ctx, measured_per_block_peak)
     why = f"calibrated on compile+per-block's measured {format_bytes(measured_per_block_peak)}"
-    chosen = plan_for_mode(ctx, budget + offset, COMPILED_MODE, solver, cancel)
+    # without compiled times, at eager op times, but never with eager SAC's dispatch cost: compiled, it is not paid
+    untimed = plan_for_mode(ctx, budget + offset, TIMED_MODE, solver, cancel)
+    chosen = ctx.plan_for_set(untimed.solver, budget + offset, ctx.sim.indices(untimed.recomputed),
+                              untimed.stop_reason, mode=COMPILED_MODE)
     extra = {}
     if times is not None:
         timed = compiled_context(ctx, times)

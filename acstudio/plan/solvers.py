@@ -62,10 +62,11 @@ def trajectory(ctx: PlanContext, progress: ProgressFn | None = None, cancel: Can
 
 
 def best_of(plans: Collection[Plan]) -> Plan:
-    """The predicted-fastest plan that fits its budget, or, if none fits, the one with the lowest peak."""
+    """The predicted-fastest plan that fits its budget (of equally fast ones, to a nanosecond, the lowest peak: sums
+    of the same replays in another order differ in the last bits), or, if none fits, the one with the lowest peak."""
     fitting = [p for p in plans if p.feasible]
     if fitting:
-        return min(fitting, key=lambda p: (p.predicted_extra_ms, p.predicted_peak_bytes))
+        return min(fitting, key=lambda p: (round(p.predicted_extra_ms, 6), p.predicted_peak_bytes))
     return min(plans, key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms))
 
 

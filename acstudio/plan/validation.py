@@ -84,6 +84,10 @@ def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None
         ctx = PlanContext(profile, Simulator(profile, keep_random=plan.keep_random))
     expected = ctx.plan_for_set(plan.solver, plan.budget_bytes, ctx.sim.indices(plan.recomputed),
                                 mode=plan.replay_mode)
+    if plan.baseline_peak_bytes != expected.baseline_peak_bytes:  # first: one rank's profile differs here
+        raise c.fail("baseline_peak_bytes", plan.baseline_peak_bytes,
+                     f"but the profile gives {expected.baseline_peak_bytes} (a plan for one rank, made with --fsdp N "
+                     "or --ddp N, is read with the same option)")
     for name in DERIVED:
         if getattr(plan, name) != getattr(expected, name):
             raise c.fail(name, getattr(plan, name), f"but the profile gives {_short(getattr(expected, name))}")

@@ -54,12 +54,24 @@ def is_op(node) -> bool:
     return node.op == "call_function" and node.target != "operator.getitem"
 
 
+# Host time of one call of SAC's policy in eager (its dispatch mode runs Python for every op of a block that runs the
+# policy, in forward and in the replay). Calibrated on the H200 decoder (LLaMA bs8): every block under the policy ran
+# 81.8 ms against plain checkpoints' 51.4, for 1472 policy calls, 20.7 us each. ResNet-152 bs64 measured 48 us per
+# call (263.5 against 169.7 ms), so this is the lower of the two.
+SAC_DISPATCH_MS = 0.0207
+
+
 @dataclass
 class SacSchedule(SharedSchedule):
     """A shared schedule plus the non-activation storages SAC keeps beyond their eager lifetime: rows (first,
-    last node they are now alive during, bytes)."""
+    last node they are now alive during, bytes); and the host time of SAC's dispatch mode in eager."""
 
     cached: np.ndarray
+    dispatch_ms: float = 0.0
+
+    @property
+    def extra_ms(self) -> float:
+        return super().extra_ms + self.dispatch_ms
 
 
 def cache_memory(sim: Simulator, schedule: SacSchedule) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +100,12 @@ class SacBlocks:
         self.block = [""] * len(nodes)
         for i in fw:
             self.block[i] = block_of.get(nodes[i].module, "")
-        repeated = set(repeated_blocks([nodes[i].module for i in fw]).values())
-        while unwrap := _feeding_the_unwrapped(profile, self.block, repeated):  # until what they feed is wrapped
-            self.block = ["" if x in unwrap else x for x in self.block]
+        # One rank under FSDP2/DDP compiles each block alone (torchtitan's regional compilation, as `acstudio bench`
+        # runs it): what lies around the blocks runs eager, and no partitioner chooses what it saves.
+        if "sharding" not in profile.environment:
+            repeated = set(repeated_blocks([nodes[i].module for i in fw]).values())
+            while unwrap := _feeding_the_unwrapped(profile, self.block, repeated):  # until what they feed is wrapped
+                self.block = ["" if x in unwrap else x for x in self.block]
         self.blocks = sorted({b for b in self.block if b}, key=lambda b: self.block.index(b))
         self.fw_nodes = {b: [i for i in fw if self.block[i] == b and nodes[i].op == "call_function"]
                          for b in self.blocks}
@@ -273,6 +288,17 @@ class SacBlocks:
                         rg.transient_bytes(list(outputs), nodes))
         return replay, saved_scratch, args & self.scratch.keys(), tuple(s for s in sources if s not in freed)
 
+    def dispatch_ms(self, recomputed: Collection[int]) -> float:
+        """Eager host time of SAC's dispatch mode: a policy call per forward op and per replayed op of each block
+        that runs the policy (:data:`SAC_DISPATCH_MS` each)."""
+        asked = self._asked(recomputed)
+        calls = 0
+        for b in self.runs_policy(recomputed):
+            replay = self._block(b, asked[b]).replay
+            calls += sum(is_op(self.sim.profile.nodes[i]) for i in self.fw_nodes[b])
+            calls += len(replay.nodes) if replay is not None else 0
+        return calls * SAC_DISPATCH_MS
+
     def runs_policy(self, recomputed: Collection[int]) -> set[str]:
         """Blocks whose SAC form saves an op other than a module-state update: eager runs them under SAC's dispatch
         mode; a block that frees something and saves nothing else runs a plain checkpoint (acstudio.apply_plan)."""
@@ -306,10 +332,10 @@ class SacBlocks:
 def _feeding_the_unwrapped(profile: Profile, block: list[str], repeated: set[str]) -> set[str]:
     """Modules around the layers (not ``repeated``) whose values an op outside every block reads, through views.
 
-    They stay unwrapped: compiled, the partitioner chooses what that region saves, and a ``MUST_RECOMPUTE`` on the
-    value it reads forbids saving it. On the H200, wrapping BERT's MLM head made the partitioner recompute the
-    vocabulary projection in backward (191.2 ms against 184.5), and wrapping the decoder's final norm but not its
-    LM head, which the loss reads, left the compiled step 60 MiB above the prediction."""
+    They stay unwrapped where the whole model may be compiled: the partitioner chooses what that region saves, and a
+    ``MUST_RECOMPUTE`` on the value it reads forbids saving it. On the H200, wrapping BERT's MLM head made the
+    partitioner recompute the vocabulary projection in backward (191.2 ms against 184.5), and wrapping the decoder's
+    final norm but not its LM head, which the loss reads, left the compiled step 60 MiB above the prediction."""
     nodes, index = profile.nodes, profile.node_index
     readers: dict[int, list[int]] = {}
     for j, nd in enumerate(nodes):
@@ -352,15 +378,19 @@ class ReplaySac(ReplayMode):
     shares_chains = True  # the closest the rewriter comes; a SAC plan is exported as a policy, not a step
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
-        return sac_blocks(sim).schedule(recomputed)
+        blocks = sac_blocks(sim)
+        schedule = blocks.schedule(recomputed)
+        schedule.dispatch_ms = blocks.dispatch_ms(recomputed)
+        return schedule
 
     def evaluate(self, sim: Simulator, schedule: SacSchedule, timeline: bool = False):
         return evaluate_sac(sim, schedule, timeline)
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         """Not in a block that runs a plain checkpoint: saving any op there makes eager run SAC's dispatch mode for
-        every op of the block, twice, a host cost the simulator does not price (the decoder under FSDP2 on 2 H200s:
-        130.2 ms against the plain checkpoint's 92.8)."""
+        every op of the block, twice (the decoder under FSDP2 on 2 H200s: 130.2 ms against the plain checkpoint's
+        92.8). That is priced (:meth:`SacBlocks.dispatch_ms`) at more than one activation's replay saves, so the
+        fill does not try it one activation at a time."""
         blocks = sac_blocks(sim)
         b = blocks.act_block[k]
         return b in blocks.runs_policy(recomputed)
