@@ -26,6 +26,7 @@ from acstudio.profile import blocks as module_blocks
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.sac import RECOMPUTE, SAVE, SacBlocks, cache_memory, sac_blocks, simulate_sac
+from acstudio.simulate.sharding import per_rank_profile
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
@@ -72,14 +73,17 @@ def train(model, w, steps=2, seed=0):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_sac_wrapped_models_train_bitwise_like_eager(model):
+    """On one device, and as one DDP rank, whose SAC form also wraps the modules around the blocks (the ResNet's
+    stem, BERT's embeddings and MLM head, GPT-2's embedding dropout, final LayerNorm and tied LM head)."""
     w, profile = captured(model)
     reference = train(copy.deepcopy(w.model), w)
     wrapped_any = False
-    for name, plan in plans(model).items():
-        m = apply_plan(copy.deepcopy(w.model), (profile, plan))
-        wrapped_any |= any(hasattr(mod, "_acstudio_sac_inner_forward") for mod in m.modules())
-        for a, b in zip(train(m, w), reference, strict=True):
-            assert torch.equal(a, b), f"{model} {name}"
+    for form in (profile, per_rank_profile(profile, 2, "ddp")):
+        for name, plan in plans(model).items():
+            m = apply_plan(copy.deepcopy(w.model), (form, plan))
+            wrapped_any |= any(hasattr(mod, "_acstudio_sac_inner_forward") for mod in m.modules())
+            for a, b in zip(train(m, w), reference, strict=True):
+                assert torch.equal(a, b), f"{model} {name}"
     assert wrapped_any
 
 
@@ -116,23 +120,25 @@ def held_at_backward(model, w):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_sac_mode_predicts_what_the_wrapped_model_holds(model):
-    """The SAC replay mode's activation bytes at the start of backward equal what the wrapped model holds."""
+    """The SAC replay mode's activation bytes at the start of backward equal what the wrapped model holds, on one
+    device and as one DDP rank (whose form also wraps the modules around the blocks)."""
     w, profile = captured(model)
-    sim = Simulator(profile)
-    blocks = sac_blocks(sim)
     first_bw = next(i for i, nd in enumerate(profile.nodes) if nd.region == "backward")
     base = held_at_backward(copy.deepcopy(w.model), w)
-    _, baseline = sim.activation_memory(*_arrays(sim, []))
-    seen = set()
-    for name, plan in plans(model).items():
-        held = held_at_backward(apply_plan(copy.deepcopy(w.model), (profile, plan)), w)
-        ks = sim.indices(plan.recomputed)
-        schedule = blocks.schedule(ks)
-        _, between = sim.activation_memory(schedule.back >= 0, schedule.keep_until, schedule.back, rng_states=False)
-        saved = int(baseline[first_bw] - between[first_bw] - cache_memory(sim, schedule)[1][first_bw])
-        assert base - held == saved, f"{model} {name}"
-        seen.add(saved)
-    assert len(seen) > 1 and max(seen) > 0, "the plans should free different amounts"
+    for form in (profile, per_rank_profile(profile, 2, "ddp")):
+        sim = Simulator(form)
+        blocks = sac_blocks(sim)
+        _, baseline = sim.activation_memory(*_arrays(sim, []))
+        seen = set()
+        for name, plan in plans(model).items():
+            held = held_at_backward(apply_plan(copy.deepcopy(w.model), (form, plan)), w)
+            schedule = blocks.schedule(sim.indices(plan.recomputed))
+            _, between = sim.activation_memory(schedule.back >= 0, schedule.keep_until, schedule.back,
+                                               rng_states=False)
+            saved = int(baseline[first_bw] - between[first_bw] - cache_memory(sim, schedule)[1][first_bw])
+            assert base - held == saved, f"{model} {name}"
+            seen.add(saved)
+        assert len(seen) > 1 and max(seen) > 0, "the plans should free different amounts"
 
 
 def _arrays(sim, ks):
@@ -221,10 +227,9 @@ def test_a_block_that_saves_nothing_runs_a_plain_checkpoint_after_its_first_call
 
 
 def test_blocks_that_save_only_batchnorm_counters_run_plain_checkpoints():
-    """ResNet-152 as profiled on the H200: at recompute-all every bottleneck, and the stem's BatchNorm and max pool
-    around them, save only their BatchNorm counter updates (``update`` in the policy). Such a block runs its first
-    call under the policy and later ones as plain checkpoints that put the buffers back, so a CPU ResNet-152 trains
-    bitwise like eager, counters included."""
+    """ResNet-152 as profiled on the H200: at recompute-all every bottleneck saves only its BatchNorm counter
+    updates (``update`` in the policy). Such a block runs its first call under the policy and later ones as plain
+    checkpoints that put the buffers back, so a CPU ResNet-152 trains bitwise like eager, counters included."""
     from acstudio.export.sac import SacPolicy
     from acstudio.plan.baselines import recompute_all
 
@@ -232,8 +237,7 @@ def test_blocks_that_save_only_batchnorm_counters_run_plain_checkpoints():
     ctx = PlanContext(profile)
     plan = ctx.plan_for_set("recompute-all", 0, recompute_all(ctx), mode="sac")
     policy = SacPolicy.from_plan(profile, plan.recomputed)
-    assert sorted(b for b in policy.blocks if not b.startswith("layer")) == ["bn1", "maxpool"]
-    assert len(policy.blocks) == 52
+    assert len(policy.blocks) == 50
     assert all(d.updates_state for ops in policy.blocks.values() for d in ops if d.save
                and d.op != "aten.alias.default")
     assert SacPolicy.from_dict(policy.to_dict()) == policy  # "update" survives the file
@@ -254,24 +258,26 @@ def test_blocks_that_save_only_batchnorm_counters_run_plain_checkpoints():
         assert len(calls) == first_step  # no policy after the first call
 
 
-def test_sac_wraps_the_repeated_blocks_and_the_modules_around_them_that_run_once():
-    """Around the layers, SAC wraps each outermost module that holds no layer; never the root, the module holding
-    the layers, the capture's pseudo modules, a module called twice (its ops run in two stretches), or one whose
-    values an op outside every block reads."""
+def test_one_rank_wraps_the_modules_around_the_blocks_that_run_once():
+    """One device's SAC form wraps the repeated blocks. One rank under FSDP2/DDP runs the modules around them eager,
+    so there SAC also wraps each outermost module that holds no layer; never the root, the module holding the layers,
+    the capture's pseudo modules, or a module called twice (its ops run in two stretches)."""
     decoder = ["model.embed_tokens", "model", "model.layers.0.attn", "model.layers.0", "model.layers.1.mlp",
                "model.norm", "lm_head", "", "(loss)"]
-    assert module_blocks.sac_blocks(decoder) == {
-        "model.embed_tokens": "model.embed_tokens", "model.layers.0.attn": "model.layers.0",
-        "model.layers.0": "model.layers.0", "model.layers.1.mlp": "model.layers.1", "model.norm": "model.norm",
-        "lm_head": "lm_head"}
+    layers = {"model.layers.0.attn": "model.layers.0", "model.layers.0": "model.layers.0",
+              "model.layers.1.mlp": "model.layers.1"}
+    assert module_blocks.sac_blocks(decoder, around=False) == layers
+    assert module_blocks.sac_blocks(decoder, around=True) == {
+        **layers, "model.embed_tokens": "model.embed_tokens", "model.norm": "model.norm", "lm_head": "lm_head"}
     mlm_head = ["enc.layer.0", "enc.layer.1", "cls.transform.dense", "cls.transform.act", "cls.decoder"]
-    assert {module_blocks.sac_blocks(mlm_head)[m] for m in mlm_head[2:]} == {"cls"}  # one block: the whole head
+    assert {module_blocks.sac_blocks(mlm_head, around=True)[m] for m in mlm_head[2:]} == {"cls"}  # the whole head
     called_twice = ["norm", "layers.0", "layers.1", "norm", "head"]
-    assert module_blocks.sac_blocks(called_twice) == {"layers.0": "layers.0", "layers.1": "layers.1", "head": "head"}
-    # In a profile: BERT's embeddings are wrapped; its MLM head is not, because the loss reads the logits it makes
+    assert module_blocks.sac_blocks(called_twice, around=True) == {"layers.0": "layers.0", "layers.1": "layers.1",
+                                                                    "head": "head"}
     _, profile = captured("bert")
-    wrapped = simulate_sac(profile, plans("bert")["recompute-all"].recomputed).decisions.keys()
-    assert "bert.embeddings" in wrapped and "cls" not in wrapped
+    everything = plans("bert")["recompute-all"].recomputed
+    assert "cls" not in simulate_sac(profile, everything).decisions
+    assert {"cls", "bert.embeddings"} <= simulate_sac(per_rank_profile(profile, 2, "ddp"), everything).decisions.keys()
 
 
 def test_a_model_that_differs_is_refused_naming_the_op():

@@ -1,8 +1,8 @@
 """A model's blocks, read off the module paths the profile records (no model needed).
 
-Checkpointing policies and the per-rank (FSDP2) model wrap or shard the repeated blocks. The SAC export can also
-wrap the modules around them (:func:`sac_blocks`): a decoder's final norm and LM head hold activations at the loss,
-where a language model's peak usually is.
+Checkpointing policies and the per-rank (FSDP2) model wrap or shard the repeated blocks. For one rank under
+FSDP2/DDP the SAC export also wraps the modules around them (:func:`sac_blocks`): a decoder's final norm and LM head
+hold activations at the loss, where a language model's peak usually is.
 """
 
 from __future__ import annotations
@@ -35,13 +35,15 @@ def repeated_blocks(modules: list[str]) -> dict[str, str]:
     return out
 
 
-def sac_blocks(op_modules: list[str]) -> dict[str, str]:
-    """Module path -> the block SAC may wrap it in, given the module of each forward op in order: its repeated block,
-    or else its outermost module that contains no repeated block (``model.norm``, ``lm_head``, ``cls``: BERT's whole
-    MLM head); never the root nor a pseudo module of the capture (``(loss)``), and never a module whose ops do not
-    run as one stretch of forward (called twice): that is not one checkpoint."""
+def sac_blocks(op_modules: list[str], around: bool) -> dict[str, str]:
+    """Module path -> the block SAC wraps it in, given the module of each forward op in order: its repeated block;
+    with ``around``, else its outermost module that contains no repeated block (``model.norm``, ``lm_head``,
+    ``cls``: BERT's whole MLM head), never the root nor a pseudo module of the capture (``(loss)``), and never a
+    module whose ops do not run as one stretch of forward (called twice): that is not one checkpoint."""
     modules = sorted(set(op_modules))
     out = repeated_blocks(modules)
+    if not around:
+        return out
     ancestors = {".".join(b.split(".")[:i]) for b in set(out.values()) for i in range(len(b.split(".")))}
     outer = {}
     for m in modules:

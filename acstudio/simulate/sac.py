@@ -1,10 +1,10 @@
 """Selective activation checkpointing (SAC) replays: how a plan runs once exported with ``--format sac``.
 
 ``acstudio.apply_plan`` wraps each block that frees something in a non-reentrant ``torch.utils.checkpoint`` whose
-policy saves or recomputes whole *ops*. The blocks are the repeated ones (``layer1.0``, ``transformer.h.3``) and the
-modules around them (:func:`~acstudio.profile.blocks.sac_blocks`): a decoder's final norm and LM head hold about
-80 MiB of activations at the loss, where its peak is. That form differs from the rewritten graph's in three ways,
-all simulated here:
+policy saves or recomputes whole *ops*. The blocks are the repeated ones (``layer1.0``, ``transformer.h.3``) and, for
+one rank under FSDP2/DDP, the modules around them (:func:`~acstudio.profile.blocks.sac_blocks`): a decoder's final
+norm and LM head hold about 80 MiB of activations at the loss, where its peak is. That form differs from the
+rewritten graph's in three ways, all simulated here:
 
 * **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when any
   storage it writes is kept, and always when it updates module state in place (``num_batches_tracked += 1``) or
@@ -90,22 +90,20 @@ class SacBlocks:
     """Static SAC facts of a profile: each forward node's block, what it writes and reads, when blocks replay."""
 
     def __init__(self, sim: Simulator) -> None:
-        from acstudio.profile.blocks import repeated_blocks, sac_blocks
+        from acstudio.profile.blocks import sac_blocks
 
         self.sim = sim
         profile, rg = sim.profile, sim.replay
         nodes, index = profile.nodes, profile.node_index
         fw = [i for i, nd in enumerate(nodes) if nd.region in FORWARD_REGIONS]
-        block_of = sac_blocks([nodes[i].module for i in fw])
+        # One rank under FSDP2/DDP compiles each block alone (torchtitan's regional compilation, as `acstudio bench`
+        # runs it) and the modules around the blocks eager, where the SAC form is exact: it wraps them too. On one
+        # device the whole model may be compiled, and the compiled prediction is calibrated on compile+per-block,
+        # which wraps the repeated blocks only (see acstudio.plan.compiled).
+        block_of = sac_blocks([nodes[i].module for i in fw], around="sharding" in profile.environment)
         self.block = [""] * len(nodes)
         for i in fw:
             self.block[i] = block_of.get(nodes[i].module, "")
-        # One rank under FSDP2/DDP compiles each block alone (torchtitan's regional compilation, as `acstudio bench`
-        # runs it): what lies around the blocks runs eager, and no partitioner chooses what it saves.
-        if "sharding" not in profile.environment:
-            repeated = set(repeated_blocks([nodes[i].module for i in fw]).values())
-            while unwrap := _feeding_the_unwrapped(profile, self.block, repeated):  # until what they feed is wrapped
-                self.block = ["" if x in unwrap else x for x in self.block]
         self.blocks = sorted({b for b in self.block if b}, key=lambda b: self.block.index(b))
         self.fw_nodes = {b: [i for i in fw if self.block[i] == b and nodes[i].op == "call_function"]
                          for b in self.blocks}
@@ -327,27 +325,6 @@ class SacBlocks:
         replays.sort(key=lambda r: r.at)
         cached = [(self.scratch[t][1] + 1, until - 1, self.scratch[t][0]) for t, until in held.items()]
         return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3))
-
-
-def _feeding_the_unwrapped(profile: Profile, block: list[str], repeated: set[str]) -> set[str]:
-    """Modules around the layers (not ``repeated``) whose values an op outside every block reads, through views.
-
-    They stay unwrapped where the whole model may be compiled: the partitioner chooses what that region saves, and a
-    ``MUST_RECOMPUTE`` on the value it reads forbids saving it. On the H200, wrapping BERT's MLM head made the
-    partitioner recompute the vocabulary projection in backward (191.2 ms against 184.5), and wrapping the decoder's
-    final norm but not its LM head, which the loss reads, left the compiled step 60 MiB above the prediction."""
-    nodes, index = profile.nodes, profile.node_index
-    readers: dict[int, list[int]] = {}
-    for j, nd in enumerate(nodes):
-        if nd.region in FORWARD_REGIONS:
-            for u in nd.inputs:
-                readers.setdefault(index[u], []).append(j)
-
-    def read_outside(i: int) -> bool:  # an op outside every block reads node i's value, not as a view or getitem
-        passes = lambda j: nodes[j].storage == nodes[i].storage or nodes[j].target == "operator.getitem"  # noqa: E731
-        return any(not block[j] and (not passes(j) or read_outside(j)) for j in readers.get(i, []))
-
-    return {block[i] for i in range(len(nodes)) if block[i] and block[i] not in repeated and read_outside(i)}
 
 
 @dataclass(frozen=True)
