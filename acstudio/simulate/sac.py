@@ -266,8 +266,17 @@ class SacBlocks:
             random_saved |= newly
             freed -= kept
         decision = {i: SAVE if s else RECOMPUTE for i, s in save.items()}
-        form = self._forms[key] = _BlockForm(decision, tuple(sorted(freed)), *self._replay(b, decision, freed))
+        replay, *rest = self._replay(b, decision, freed)
+        runs_policy = any(d == SAVE and self.forced[i] != UPDATES_STATE for i, d in decision.items())
+        calls = self.op_count[b] + (len(replay.nodes) if replay is not None else 0) if runs_policy else 0
+        form = self._forms[key] = _BlockForm(decision, tuple(sorted(freed)), replay, *rest, runs_policy, calls)
         return form
+
+    @cached_property
+    def op_count(self) -> dict[str, int]:
+        """Per block, the ops of its forward that SAC's policy sees."""
+        nodes = self.sim.profile.nodes
+        return {b: sum(is_op(nodes[i]) for i in ops) for b, ops in self.fw_nodes.items()}
 
     def _replay(self, b: str, decision: dict[int, str], freed: set[int]):
         """Block ``b``'s replay (None when it frees nothing), the scratch storages its saved ops keep until it, its
@@ -289,20 +298,12 @@ class SacBlocks:
     def dispatch_ms(self, recomputed: Collection[int]) -> float:
         """Eager host time of SAC's dispatch mode: a policy call per forward op and per replayed op of each block
         that runs the policy (:data:`SAC_DISPATCH_MS` each)."""
-        asked = self._asked(recomputed)
-        calls = 0
-        for b in self.runs_policy(recomputed):
-            replay = self._block(b, asked[b]).replay
-            calls += sum(is_op(self.sim.profile.nodes[i]) for i in self.fw_nodes[b])
-            calls += len(replay.nodes) if replay is not None else 0
-        return calls * SAC_DISPATCH_MS
+        return SAC_DISPATCH_MS * sum(self._block(b, asked).policy_calls for b, asked in self._asked(recomputed).items())
 
     def runs_policy(self, recomputed: Collection[int]) -> set[str]:
         """Blocks whose SAC form saves an op other than a module-state update: eager runs them under SAC's dispatch
         mode; a block that frees something and saves nothing else runs a plain checkpoint (acstudio.apply_plan)."""
-        return {b for b, asked in self._asked(recomputed).items()
-                if any(d == SAVE and self.forced[i] != UPDATES_STATE
-                       for i, d in self._block(b, asked).decision.items())}
+        return {b for b, asked in self._asked(recomputed).items() if self._block(b, asked).runs_policy}
 
     def schedule(self, recomputed: Collection[int]) -> SharedSchedule:
         """One replay per block that frees something, in the order they run."""
@@ -337,6 +338,8 @@ class _BlockForm:
     saved_scratch: dict[str, int]  # scratch storage -> replay node: SAC's cache holds a saved op's outputs until it
     arg_scratch: set[str]  # the block's arguments that are scratch storages: held until its backward has run
     kept_sources: tuple[int, ...]  # kept activations the replay reads
+    runs_policy: bool  # saves an op other than a module-state update (see SacBlocks.runs_policy)
+    policy_calls: int  # eager calls of SAC's policy, forward and replay, when it runs the policy (else 0)
 
 
 def sac_blocks(sim: Simulator) -> SacBlocks:
