@@ -127,9 +127,9 @@ def per_rank(profile, args):
     from acstudio.simulate.sharding import per_rank_profile
 
     fsdp, ddp = getattr(args, "fsdp", None), getattr(args, "ddp", None)  # `verify` takes neither
-    if fsdp and ddp:
-        raise ACStudioError("give --fsdp N or --ddp N, not both")
-    kind = "fsdp" if fsdp else "ddp" if ddp else None
+    if fsdp is not None and ddp is not None:
+        raise ACStudioError("--fsdp and --ddp were both given — give one of them")
+    kind = "fsdp" if fsdp is not None else "ddp" if ddp is not None else None
     if kind is None:
         return profile
     world = getattr(args, kind)

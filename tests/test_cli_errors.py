@@ -139,6 +139,8 @@ CASES = {
     "plan --out unwritable": (["plan", S, "--budget", "85%", "--out", BLOCKED], "is not a folder"),
     "plan --schedule unwritable": (["plan", S, "--budget", "85%", "--schedule", BLOCKED], "is not a folder"),
     "plan --sweep --out unwritable": (["plan", S, "--sweep", "--out", BLOCKED], "is not a folder"),
+    "plan --fsdp 0": (["plan", S, "--budget", "85%", "--fsdp", "0"], "the world size must be at least 1, not 0"),
+    "plan --fsdp and --ddp": (["plan", S, "--budget", "85%", "--fsdp", "2", "--ddp", "2"], "were both given"),
     "export --out unwritable": (["export", S, "--plan", PLAN, "--out", BLOCKED], "is not a folder"),
     "verify --json unwritable": (["verify", S, "--plan", PLAN, "--json", BLOCKED], "is not a folder"),
     "bench --out unwritable": (["bench", "resnet18", "-b", "2", "--device", "cpu", "--out", BLOCKED],

@@ -44,7 +44,7 @@ def per_rank_profile(profile: Profile, world: int, kind: str) -> Profile:
     if kind not in SHARDINGS:
         raise ACStudioError(f"unknown sharding {kind!r}; choose from {', '.join(SHARDINGS)}")
     if world < 1:
-        raise ACStudioError(f"the world size must be at least 1, not {world}")
+        raise ACStudioError(f"the world size must be at least 1, not {world} — give the number of ranks, e.g. 2")
     if world == 1:
         return profile
     out = copy.deepcopy(profile)
