@@ -234,11 +234,11 @@ def bert_peers(bert_bench, tmp_path_factory):
     shutil.copytree(first / "profiles", out / "profiles")
     peers = run_bench(tiny_spec("bert", batch_size=2, seq_len=32), [4], ["per-op", "sac@60%"], device="cpu",
                       out_dir=out, warmup=1, iters=3)
-    return out, {r["config"]: r for r in compare(results.rows + peers.rows)}
+    return first, out, {r["config"]: r for r in compare(results.rows + peers.rows)}
 
 
 def test_per_op_and_sac_train_like_eager_with_less_memory(bert_peers):
-    out, rows = bert_peers
+    first, out, rows = bert_peers
     eager, per_block, per_op, sac = rows["eager"], rows["per-block"], rows["per-op"], rows["sac@60%"]
     for r in (per_op, sac):
         assert r["status"] == "ok", r["message"]
@@ -249,7 +249,11 @@ def test_per_op_and_sac_train_like_eager_with_less_memory(bert_peers):
     assert sac["peak_bytes"] < eager["peak_bytes"]
     assert abs(sac["peak_error_pct"]) < 3.0  # the SAC form's predicted peak
     assert len(list((out / "profiles").glob("bert_bs4_*_sac_*/sac_policy.json"))) == 1
-    assert len(list((out / "workers").glob("*.json"))) == 2  # the profile was reused, not measured again
+    # sac planned in a process of its own, before the one that measured it; the profile was reused, not measured again
+    assert sorted(p.name for p in (out / "workers").glob("*.json")) == [
+        "000_per_op_bs4.json", "001_sac_60_bs4.json", "001_sac_60_bs4_plan.json"]
+    for copied in (out / "profiles").glob("*.json.gz"):
+        assert copied.stat().st_mtime == (first / "profiles" / copied.name).stat().st_mtime
 
 
 TINY_MLP = (
@@ -315,6 +319,16 @@ def test_rewritten_without_its_reference_peak_is_skipped_not_guessed(faulty, tmp
     assert ref["config"] == "per-block" and ref["status"] == "error"
     assert row["status"] == "skipped" and "per-block has no measured peak at batch size 2" in row["message"]
     assert not (tmp_path / "workers" / "001_rewritten_per_block_bs2.json").exists()
+
+
+def test_a_failed_plan_is_the_rows_error_and_a_sac_step_never_plans_itself(faulty, tmp_path):
+    results = run_bench(faulty("error"), [2], ["sac@60%"], device="cpu", out_dir=tmp_path, warmup=1, iters=3)
+    (row,) = results.rows
+    assert row["config"] == "sac@60%" and row["status"] == "error"
+    assert "shape mismatch in layer 3" in row["message"]
+    assert not (tmp_path / "workers" / "000_sac_60_bs2.json").exists()  # nothing was measured without a plan
+    alone = run_config(worker_cfg(faulty("error"), "sac@60%", profile_path=str(tmp_path / "p.json.gz")))
+    assert alone["status"] == "error" and "holds no exported plan" in alone["message"]
 
 
 def test_hanging_worker_times_out_and_cancel_kills_it(faulty, tmp_path):

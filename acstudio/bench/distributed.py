@@ -51,10 +51,6 @@ class Ranks:
     def global_spec(self, spec: WorkloadSpec) -> WorkloadSpec:
         return spec.with_batch_size(spec.batch_size * self.world)
 
-    def local_spec(self, spec: WorkloadSpec) -> WorkloadSpec:
-        """One rank's workload (what the single-device profile is taken of)."""
-        return spec.with_batch_size(spec.batch_size // self.world)
-
     def local_batch(self, batch: Any) -> Any:
         """This rank's rows of every tensor in the global batch."""
         if isinstance(batch, torch.Tensor):
@@ -85,12 +81,6 @@ class Ranks:
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(workload.model, device_ids=ids)
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (everyone waits for rank 0 here)."""
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""

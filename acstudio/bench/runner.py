@@ -138,9 +138,10 @@ def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: Can
 
 
 def worker_command(cfg: dict[str, Any], cfg_path: Path) -> list[str]:
-    """One process, or ``torchrun`` with ``nproc`` ranks on this host for an ``fsdp+``/``ddp+`` configuration."""
+    """One process, or ``torchrun`` with ``nproc`` ranks on this host to measure an ``fsdp+``/``ddp+``
+    configuration."""
     worker = ["-m", "acstudio.bench.worker", str(cfg_path)]
-    if BenchConfig.parse(cfg["config"]).parallel is None:
+    if BenchConfig.parse(cfg["config"]).parallel is None or cfg.get("task") == "plan":
         return [sys.executable, *worker]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
             str(cfg.get("nproc", 1)), *worker]
@@ -193,6 +194,11 @@ class _Bench:
                 if plain["status"] == "ok" and plain.get("time_ms_median"):
                     cfg["compiled_step_ms"] = f"{plain['time_ms_median']!r},{per_block['time_ms_median']!r}"
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
+        if config.spec.planner is not None:  # profile and plan in a process of their own (Kind.planner)
+            planned = run_worker(cfg | {"task": "plan"}, stem.with_name(f"{stem.name}_plan"), timeout_s=self.timeout_s,
+                                 cancel=self.cancel)
+            if planned["status"] != "ok":
+                return self._record(key, planned | {"phase": phase})
         row = run_worker(cfg, stem, timeout_s=self.timeout_s, cancel=self.cancel)
         row["phase"] = phase
         return self._record(key, row)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class Request:
     compiled_per_block_peak: str | None = None  # compile+per-block's measured peak, for sac+compile's prediction
     compiled_step_ms: str | None = None  # compile's and compile+per-block's step times, for sac+compile's planner
     dist: Any = None  # acstudio.bench.distributed.Ranks
+    nproc: int = 1  # ranks of an fsdp+/ddp+ configuration (its planning process runs alone)
 
 
 def load(spec: WorkloadSpec, dev: torch.device) -> tuple[Workload, torch.optim.Optimizer]:
@@ -313,24 +315,17 @@ def per_op_context():
 
 
 def prepare_sac(req: Request) -> Prepared:
-    """Our plan at the budget, exported as selective-checkpoint policies and applied to the model
-    (:func:`acstudio.apply_plan`), then run like any model step: eager or compiled, on one device or sharded.
-
-    The plan is made from the single-device profile of one rank's batch; under FSDP2/DDP that profile is first
-    turned into each rank's (:func:`acstudio.simulate.sharding.per_rank_profile`). Rank 0 profiles, plans and
-    exports; the others wait for it and apply the same export.
-    """
+    """Our plan, exported as selective-checkpoint policies by :func:`export_sac_plan` in a process of its own,
+    applied to the model (:func:`acstudio.apply_plan`) and run like any model step: eager or compiled, on one
+    device or sharded (every rank applies the same export)."""
     import acstudio
 
-    if not req.profile_path:
-        raise ACStudioError("a sac configuration needs a profile path (the plan is exported beside it)")
-    path = Path(req.profile_path)
-    plan_dir = path.parent / f"{path.name.partition('.')[0]}_sac_{_slug(req)}"
-    info: dict[str, Any] = {}
-    if req.dist is None or req.dist.rank == 0:
-        info = export_sac_plan(req, plan_dir)
-    if req.dist is not None:
-        info = req.dist.broadcast(info)
+    plan_dir = sac_plan_dir(req)
+    try:
+        info = json.loads((plan_dir / PLAN_SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise ACStudioError(f"{plan_dir} holds no exported plan — a sac configuration is planned first "
+                            "(`acstudio bench` runs the worker with task \"plan\")") from None
 
     def apply(workload: Workload) -> dict[str, Any]:
         workload.model = acstudio.apply_plan(workload.model, plan_dir)
@@ -339,25 +334,44 @@ def prepare_sac(req: Request) -> Prepared:
     return model_step(req, apply)
 
 
-def _slug(req: Request) -> str:
-    """Budget and parallelism as a folder name: every rank finds the same export."""
-    text = f"{req.budget or req.config.arg}_{f'{req.dist.kind}{req.dist.world}' if req.dist else 'single'}"
-    return "".join(c if c.isalnum() or c == "." else "_" for c in text)
+PLAN_SUMMARY = "bench_plan.json"  # the plan's summary for the result row, beside the exported policy
 
 
-def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
-    """Profile (cached), plan for SAC's replay mode at the resolved budget and export its policy (``--format sac``)
-    into ``plan_dir``; returns the plan's summary for the result row."""
+def sac_plan_dir(req: Request) -> Path:
+    """Where a sac configuration's plan is exported: beside the cached profile, named by budget and parallelism,
+    so the planning process and every rank find the same folder."""
+    if not req.profile_path:
+        raise ACStudioError("a sac configuration needs a profile path (the plan is exported beside it)")
+    path = Path(req.profile_path)
+    parallel = f"{req.config.parallel}{req.nproc}" if req.config.parallel else "single"
+    slug = "".join(c if c.isalnum() or c == "." else "_" for c in f"{req.budget or req.config.arg}_{parallel}")
+    return path.parent / f"{path.name.partition('.')[0]}_sac_{slug}"
+
+
+def profile_once(req: Request) -> dict[str, Any]:
+    """Planning step of a rewritten configuration: the profile, measured here and cached for the measuring
+    process."""
+    cached_profile(req.spec, req.dev, req.profile_path)
+    return {}
+
+
+def export_sac_plan(req: Request) -> dict[str, Any]:
+    """Planning step of a sac configuration: profile (cached), plan for SAC's replay mode at the resolved budget
+    and export the policy (``--format sac``) and the plan's summary into :func:`sac_plan_dir`.
+
+    Under FSDP2/DDP ``req.spec`` is one rank's batch, whose single-device profile is turned into each rank's
+    (:func:`acstudio.simulate.sharding.per_rank_profile`).
+    """
     from acstudio.export import export
+    from acstudio.fileio import write_text
     from acstudio.plan import plan as make_plan
     from acstudio.units import parse_budget
 
-    local = req.spec if req.dist is None else req.dist.local_spec(req.spec)
-    profile = cached_profile(local, req.dev, req.profile_path)
-    if req.dist is not None:
+    profile = cached_profile(req.spec, req.dev, req.profile_path)
+    if req.config.parallel is not None:
         from acstudio.simulate.sharding import per_rank_profile
 
-        profile = per_rank_profile(profile, req.dist.world, req.dist.kind)
+        profile = per_rank_profile(profile, req.nproc, req.config.parallel)
     budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
     summary: dict[str, Any] = {}
     if req.config.spec.compiled and req.compiled_per_block_peak:
@@ -370,12 +384,20 @@ def export_sac_plan(req: Request, plan_dir: Path) -> dict[str, Any]:
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
     else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)
         plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")
+    plan_dir = sac_plan_dir(req)
     export(profile, plan, plan_dir, formats=["sac"])
-    return {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
+    info = {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
             "profile_iteration_ms": profile.iteration_ms, "plan": scalar_fields(plan) | summary,
             "recomputed_activations": len(plan.recomputed)}
+    write_text(plan_dir / PLAN_SUMMARY, json.dumps(info))
+    return info
 
 
 def prepare(req: Request) -> Prepared:
     """Build ``req.config`` with its registered builder (:data:`acstudio.bench.configs.KINDS`)."""
     return globals()[req.config.spec.builder](req)
+
+
+def plan_ahead(req: Request) -> dict[str, Any]:
+    """Run ``req.config``'s planning step (:attr:`acstudio.bench.configs.Kind.planner`); returns its summary."""
+    return globals()[req.config.spec.planner](req)

@@ -7,7 +7,8 @@ optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's r
 ``compiled_step_ms`` (compile's and compile+per-block's step times, which calibrate its replay times) and
 ``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
 allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration
-(design note E.6).
+(design note E.6). With ``"task": "plan"`` it runs a planned configuration's profiling and planning instead
+(:func:`acstudio.bench.steps.plan_ahead`), in a process before the measuring one.
 
 Running out of memory is a result (``"status": "oom"``), any other failure is ``"status": "error"`` with
 the message; either way the line is printed and the exit status is 0. Everything else the libraries print
@@ -38,7 +39,7 @@ from acstudio.bench.measure import (
     time_steps,
 )
 from acstudio.bench.results import base_row
-from acstudio.bench.steps import Request, prepare
+from acstudio.bench.steps import Request, plan_ahead, prepare
 from acstudio.errors import DeviceError
 from acstudio.workload import WorkloadSpec
 
@@ -63,10 +64,7 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     if ranks is not None:
         dev, spec = ranks.device, ranks.global_spec(spec)
     t0 = time.perf_counter()
-    prepared = prepare(Request(config, spec, dev, profile_path=cfg.get("profile_path"),
-                               compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"),
-                               compiled_per_block_peak=cfg.get("compiled_per_block_peak"),
-                               compiled_step_ms=cfg.get("compiled_step_ms"), dist=ranks))
+    prepared = prepare(request(cfg, spec, dev, ranks))
     setup_s = time.perf_counter() - t0
     losses: list[torch.Tensor] = []
 
@@ -100,6 +98,24 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def request(cfg: dict[str, Any], spec: WorkloadSpec, dev: torch.device, ranks: Ranks | None = None) -> Request:
+    return Request(BenchConfig.parse(cfg["config"]), spec, dev, profile_path=cfg.get("profile_path"),
+                   compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"),
+                   compiled_per_block_peak=cfg.get("compiled_per_block_peak"),
+                   compiled_step_ms=cfg.get("compiled_step_ms"), dist=ranks, nproc=int(cfg.get("nproc", 1)))
+
+
+def plan_ahead_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Task ``"plan"``: a planned configuration's profiling and planning, alone in this process (one device,
+    also for an ``fsdp+``/``ddp+`` configuration, whose ``spec`` is then one rank's batch)."""
+    dev = torch.device(cfg["device"])
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("this worker was asked for CUDA but no CUDA GPU is available")
+    t0 = time.perf_counter()
+    info = plan_ahead(request(cfg, WorkloadSpec.from_dict(cfg["spec"]), dev))
+    return {"setup_s": round(time.perf_counter() - t0, 3), "details": info}
+
+
 def across_ranks(ranks: Ranks, mine: dict[str, Any], state_bytes: dict[str, int]) -> dict[str, Any]:
     """Every rank's peak and state bytes; the losses (and the loss) averaged over ranks, which is the loss of
     the global batch when every rank's slice counts as many targets."""
@@ -117,8 +133,11 @@ def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
     row = base_row(cfg)
     t0 = time.perf_counter()
     try:
-        row.update(measure(cfg))
-        if not math.isfinite(row["loss"]):
+        if cfg.get("task") == "plan":
+            row.update(plan_ahead_of(cfg))
+        else:
+            row.update(measure(cfg))
+        if "loss" in row and not math.isfinite(row["loss"]):
             row.update(status="error", message=f"the loss is {row['loss']}")
     except Exception as exc:
         if is_out_of_memory(exc):
