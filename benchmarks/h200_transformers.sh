@@ -2,7 +2,8 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacbert | sacllama | compiled | compiled-llama | compiled-bert | verify (one H200 each)
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacresnet5 | sacbert | sacllama | compiled | compiled-llama | compiled-bert
+#         | eager-apart | compiled-apart | verify (one H200 each)
 #         | dist | dist-compiled | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
@@ -90,6 +91,10 @@ sacresnet4)  # about 8 min: sacresnet3 again after the fill change, with more st
   TORCH_LOGS=graph_breaks,recompiles run resnet152_bs64_sac_compile4 570 resnet152 -b 64 --configs \
     "compile@0.2,compile+per-block,compile,sac+compile@compile@0.2" --warmup 5 --iters 20
   ;;
+sacresnet5)  # about 9 min: sacresnet4 again with the sac row profiled and planned in a process of its own
+  run resnet152_bs64_sac_compile5 585 resnet152 -b 64 --configs \
+    "compile@0.2,compile+per-block,compile,sac+compile@compile@0.2" --warmup 5 --iters 20
+  ;;
 fits)  # about 3 min: the rows that had come out a fraction of a MiB over their budget, with the bench's headroom
   run gpt2_bs16_fits 200 gpt2 -b 16 --configs per-block,rewritten@per-block $steps
   run bert_bs32_fits 200 bert -b 32 --configs per-block,rewritten@per-block $steps
@@ -109,6 +114,15 @@ compiled-bert)  # about 5.5 min: the compiled rows of sacbert only
   ;;
 sacllama)  # about 5 min: the decoder's SAC rows, with torch.compile's graph breaks and recompilations logged
   TORCH_LOGS=graph_breaks,recompiles run llama_bs8_sac 530 $llama -b 8 --configs "$sac_rows" $steps
+  ;;
+eager-apart)  # about 7 min: the eager SAC rows again, each sac row planned in a process of its own (Kind.planner)
+  run llama_bs8_sac_eager2 200 $llama -b 8 --configs eager,per-block,rewritten@per-block,sac@per-block $steps
+  run bert_bs16_sac_eager2 180 bert -b 16 --configs eager,per-block,rewritten@per-block,sac@per-block $steps
+  run resnet152_bs64_sac_eager2 150 resnet152 -b 64 --configs per-block,rewritten@per-block,sac@per-block $steps
+  ;;
+compiled-apart)  # about 9 min: the compiled rows of compiled again, each sac row planned in a process of its own
+  run llama_bs8_sac_compiled2 250 $llama -b 8 --configs "$compiled_rows" $steps
+  run bert_bs16_sac_compiled2 330 bert -b 16 --configs "$compiled_rows" $steps
   ;;
 dist)  # about 8 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per rank, eager and compiled per
   # block; and 1 GPU on all 16
