@@ -3,7 +3,7 @@
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
 #   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacresnet5 | sacbert | sacllama | compiled | compiled-llama | compiled-bert
-#         | eager-apart | compiled-apart | verify (one H200 each)
+#         | eager-apart | compiled-apart | compiled-apart-op | verify (one H200 each)
 #         | dist | dist-compiled | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
@@ -123,6 +123,9 @@ eager-apart)  # about 7 min: the eager SAC rows again, each sac row planned in a
 compiled-apart)  # about 9 min: the compiled rows of compiled again, each sac row planned in a process of its own
   run llama_bs8_sac_compiled2 250 $llama -b 8 --configs "$compiled_rows" $steps
   run bert_bs16_sac_compiled2 330 bert -b 16 --configs "$compiled_rows" $steps
+  ;;
+compiled-apart-op)  # about 4 min: the decoder's per-op rows, which compiled-apart's 250 s had cut off
+  run llama_bs8_sac_compiled2_op 300 $llama -b 8 --configs compile,compile+per-op,sac+compile@compile+per-op $steps
   ;;
 dist)  # about 8 min on nvidia-h200-x2: FSDP2 and DDP on 2 GPUs, 8 sequences per rank, eager and compiled per
   # block; and 1 GPU on all 16
