@@ -2,7 +2,7 @@
 # The H200 runs for issues 10 and 11: transformers against HF gradient checkpointing (per-block), torchtitan's
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
-#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacresnet5 | sacbert | sacllama | compiled | compiled-llama | compiled-bert
+#   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacresnet5 | sacresnet6 | sacresnet7 | sacbert | sacllama | compiled | compiled-llama | compiled-bert
 #         | eager-apart | compiled-apart | compiled-apart-op | verify (one H200 each)
 #         | dist | dist-compiled | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
@@ -94,6 +94,14 @@ sacresnet4)  # about 8 min: sacresnet3 again after the fill change, with more st
 sacresnet5)  # about 9 min: sacresnet4 again with the sac row profiled and planned in a process of its own
   run resnet152_bs64_sac_compile5 585 resnet152 -b 64 --configs \
     "compile@0.2,compile+per-block,compile,sac+compile@compile@0.2" --warmup 5 --iters 20
+  ;;
+sacresnet6)  # ResNet-152 at compile+per-block's and compile@0.5's peaks with this code, planned apart (the 585 s cut off
+  # its last row, sac+compile@compile@0.5: see sacresnet7)
+  run resnet152_bs64_sac_compile6 585 resnet152 -b 64 --configs \
+    "compile+per-block,compile,sac+compile@compile+per-block,compile@0.5,sac+compile@compile@0.5" --warmup 5 --iters 20
+  ;;
+sacresnet7)  # about 9.5 min: sacresnet6's last row, with compile@0.5 and the calibration rows it needs
+  run resnet152_bs64_sac_compile7 590 resnet152 -b 64 --configs compile@0.5,sac+compile@compile@0.5 --warmup 5 --iters 20
   ;;
 fits)  # about 3 min: the rows that had come out a fraction of a MiB over their budget, with the bench's headroom
   run gpt2_bs16_fits 200 gpt2 -b 16 --configs per-block,rewritten@per-block $steps
