@@ -3,7 +3,7 @@
 # op-level SAC (per-op) and torch.compile, our plan as a rewritten graph and as SAC, and FSDP2/DDP on 2 GPUs.
 # Usage: PYTHONPATH=. benchmarks/h200_transformers.sh PART OUT_DIR
 #   PART: bert | bert32 | gpt2 | llama | eager1 | eager2 | fits | resnet | resnet-eager | sacresnet | sacresnet-eager | sacresnet2 | sacresnet3 | sacresnet4 | sacresnet5 | sacresnet6 | sacresnet7 | sacbert | sacllama | compiled | compiled-llama | compiled-bert
-#         | eager-apart | compiled-apart | compiled-apart-op | verify (one H200 each)
+#         | eager-apart | eager-apart-llama | compiled-apart | compiled-apart-op | verify (one H200 each)
 #         | dist | dist-compiled | dist-eager (nvidia-h200-x2: 2 GPUs)
 # Each part stays under 9 minutes (`timeout` bounds it; a cut-off bench keeps the rows it measured in its
 # bench.json, which is copied to OUT_DIR either way). Each configuration runs in a fresh process.
@@ -127,6 +127,9 @@ eager-apart)  # about 7 min: the eager SAC rows again, each sac row planned in a
   run llama_bs8_sac_eager2 200 $llama -b 8 --configs eager,per-block,rewritten@per-block,sac@per-block $steps
   run bert_bs16_sac_eager2 180 bert -b 16 --configs eager,per-block,rewritten@per-block,sac@per-block $steps
   run resnet152_bs64_sac_eager2 150 resnet152 -b 64 --configs per-block,rewritten@per-block,sac@per-block $steps
+  ;;
+eager-apart-llama)  # about 4 min: eager-apart's decoder rows again with 20 timed steps (its sac row had an IQR of 8 ms)
+  run llama_bs8_sac_eager3 280 $llama -b 8 --configs per-block,rewritten@per-block,sac@per-block --warmup 5 --iters 20
   ;;
 compiled-apart)  # about 9 min: the compiled rows of compiled again, each sac row planned in a process of its own
   run llama_bs8_sac_compiled2 250 $llama -b 8 --configs "$compiled_rows" $steps
