@@ -31,10 +31,11 @@ class Kind:
     """One configuration kind: what it runs (``builder``, a function of :mod:`acstudio.bench.steps`), what its
     ``@`` argument means (``"budget"``, ``"ratio"`` or ``None``) and what its time is compared against.
 
-    ``planner`` (a function of :mod:`acstudio.bench.steps`) profiles and plans in a process of its own before the
-    measuring one, which then only loads the result, as a user's training process loads an export: the process
-    that had captured and profiled the model ran the step slower (ResNet-152 bs64 compiled with our plan on the
-    H200: 69.6 ms, against 56.0-61.5 ms planned apart; ``results/inprocess_h200_resnet152_bs64.txt``)."""
+    ``planner`` (a function of :mod:`acstudio.bench.steps`) profiles (and for ``sac``, plans and exports) in a
+    process of its own before the measuring one, which then only loads the result, as a user's training process
+    loads an export: the process that had captured and profiled the model ran the step slower (ResNet-152 bs64
+    compiled with our plan on the H200: 69.6 ms, against 56.0-61.5 ms planned apart;
+    ``results/inprocess_h200_resnet152_bs64.txt``)."""
 
     name: str
     summary: str

@@ -154,8 +154,8 @@ def prepare_rewritten(req: Request) -> Prepared:
     """The captured step rewritten by a mu-TWO plan at ``budget`` (e.g. ``60%`` or ``8GiB``).
 
     The whole profile -> plan -> rewrite pipeline lives here so that API changes touch one function. The
-    profile is measured first, while the device is still empty, and cached in ``profile_path`` for the next
-    budget at the same batch size. The rewritten graph is rebuilt from the profile's own serialized graph, so
+    profile comes from ``profile_path``, where the planning worker (:func:`profile_once`) measured and cached it
+    for every budget at the same batch size. The rewritten graph is rebuilt from the profile's own serialized graph, so
     its node ids are the ones the plan refers to.
     """
     from acstudio.capture.serialize import deserialize_step

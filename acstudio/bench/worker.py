@@ -47,6 +47,13 @@ from acstudio.workload import WorkloadSpec
 COMPILE_EXTRA_WARMUP = 5
 
 
+def worker_device(cfg: dict[str, Any]) -> torch.device:
+    dev = torch.device(cfg["device"])
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("this worker was asked for CUDA but no CUDA GPU is available")
+    return dev
+
+
 def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     """Build the configuration, warm it up, take the peak of one full step, then time ``iters`` steps.
 
@@ -54,9 +61,7 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     rank's peak (``rank_peak_bytes``; ``peak_bytes`` is the largest), rank 0's step times, and the losses
     averaged over the ranks.
     """
-    dev = torch.device(cfg["device"])
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("this worker was asked for CUDA but no CUDA GPU is available")
+    dev = worker_device(cfg)
     torch.backends.cudnn.benchmark = False
     spec = WorkloadSpec.from_dict(cfg["spec"])
     config = BenchConfig.parse(cfg["config"])
@@ -108,9 +113,7 @@ def request(cfg: dict[str, Any], spec: WorkloadSpec, dev: torch.device, ranks: R
 def plan_ahead_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """Task ``"plan"``: a planned configuration's profiling and planning, alone in this process (one device,
     also for an ``fsdp+``/``ddp+`` configuration, whose ``spec`` is then one rank's batch)."""
-    dev = torch.device(cfg["device"])
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("this worker was asked for CUDA but no CUDA GPU is available")
+    dev = worker_device(cfg)
     t0 = time.perf_counter()
     info = plan_ahead(request(cfg, WorkloadSpec.from_dict(cfg["spec"]), dev))
     return {"setup_s": round(time.perf_counter() - t0, 3), "details": info}
