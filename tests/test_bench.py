@@ -1,5 +1,6 @@
 """The benchmark harness: worker processes on tiny CPU models, recorded failures, comparisons, search, plots."""
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -346,6 +348,30 @@ def test_hanging_worker_times_out_and_cancel_kills_it(faulty, tmp_path):
         run_bench(faulty("hang"), [2], ["eager"], device="cpu", out_dir=tmp_path / "c", warmup=1, iters=3,
                   cancel=cancel)
     assert time.monotonic() - t0 < 10
+
+
+def test_ctrl_c_kills_the_worker_it_waits_for(faulty, tmp_path):
+    import _thread
+
+    cfg_path = str(tmp_path / "interrupted.json")
+
+    def running() -> bool:  # a process whose command line names this worker's input
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                if cfg_path in cmdline.read_text(errors="replace"):
+                    return True
+        return False
+
+    def interrupt_once_running():
+        deadline = time.monotonic() + 20
+        while not running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_worker(worker_cfg(faulty("hang"), "eager"), tmp_path / "interrupted", timeout_s=30)
+    assert not running()
 
 
 def test_compile_memory_budget_reaches_the_partitioner(tiny_mlp):

@@ -104,7 +104,7 @@ def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: Can
     """Run one worker on ``cfg``, keeping ``STEM.json`` (its input) and ``STEM.log`` (its stderr).
 
     A worker that crashes, hangs past ``timeout_s`` or prints no result still yields an error row. The
-    process is killed on cancellation, and :class:`~acstudio.errors.Cancelled` raised.
+    process is killed on cancellation (:class:`~acstudio.errors.Cancelled` raised) and on Ctrl-C.
     """
     stem.parent.mkdir(parents=True, exist_ok=True)
     cfg_path, log_path = stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.log"
@@ -114,18 +114,20 @@ def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: Can
         proc = subprocess.Popen(worker_command(cfg, cfg_path),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
                                 start_new_session=True)
-        while True:
-            try:
-                stdout, _ = proc.communicate(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if cancel is not None and cancel.cancelled:
-                    _kill(proc)
+        try:
+            while True:
+                try:
+                    stdout, _ = proc.communicate(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
                     check(cancel)
-                if time.monotonic() > deadline:
-                    _kill(proc)
-                    return base_row(cfg) | {"status": "error", "message": f"timed out after {timeout_s:g} s",
-                                            "log": str(log_path)}
+                    if time.monotonic() > deadline:
+                        _kill(proc)
+                        return base_row(cfg) | {"status": "error", "message": f"timed out after {timeout_s:g} s",
+                                                "log": str(log_path)}
+        except BaseException:  # cancelled or Ctrl-C: the worker has a session of its own and would outlive us
+            _kill(proc)
+            raise
     lines = stdout.strip().splitlines()
     try:
         row = json.loads(lines[-1])
