@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ResNet-152 bs64 on one H200: sac+compile@compile@0.2 planned by a worker of its own (task "plan"), then measured
 # twice (cold, then warm Inductor cache), against compile@0.2 measured twice. The budget is compile@0.2's peak in
-# sacresnet4, the calibration its compile and compile+per-block rows. Results: results/inprocess_h200_resnet152_bs64.txt
+# h200_transformers.sh's resnet-sac-compiled-0.2-logged, the calibration its compile and compile+per-block rows.
+# Results: results/bench/resnet152/bs64_plan_in_process_check.txt
 # Usage: PYTHONPATH=. benchmarks/plan_apart_check.sh OUT_DIR
 set -u
 O=$1; W=/tmp/inproc; mkdir -p $W $O

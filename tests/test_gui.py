@@ -514,7 +514,7 @@ def test_committed_h200_benchmark_opens_as_measured_points_on_its_profile(qtbot,
     root = Path(__file__).resolve().parents[1]
     open_and_wait(qtbot, window, root / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz")
     with qtbot.waitSignal(window.runners["load"].resultReady, timeout=30_000):
-        window.open_path(str(root / "results" / "bench_h200_resnet152_bs64_compile.json"))
+        window.open_path(str(root / "results" / "bench" / "resnet152" / "bs64_vs_compile.json"))
     rows = [r for r in window.bench_results.rows if r["status"] == "ok" and r["batch_size"] == 64]
     captured = next(r for r in rows if r["config"] == "captured")
     rewritten = [r for r in rows if r["kind"] == "rewritten"]
@@ -525,7 +525,7 @@ def test_committed_h200_benchmark_opens_as_measured_points_on_its_profile(qtbot,
     assert window.bench_window.model.rowCount() == len(window.bench_results.rows)
 
     with qtbot.waitSignal(window.runners["load"].failed, timeout=30_000):
-        window.open_path(str(root / "results" / "bench_h200_bert.json"))
+        window.open_path(str(root / "results" / "superseded" / "bert_batches_random_ops_kept.json"))
     assert "this benchmark ran 'bert'" in window.messages.errors[-1][1]
 
 

@@ -15,7 +15,7 @@ from acstudio.simulate.sac import SAVE, sac_blocks, simulate_sac
 
 MiB = 2**20
 LLAMA = "sample_profiles/h200_llama_bs8_bf16_adamw.json.gz"
-MEASURED = 3870 * MiB  # compile+per-block on the H200 (results/bench_h200_llama_bs8_sac.json)
+MEASURED = 3870 * MiB  # compile+per-block on the H200 (results/superseded/llama_bs8_sac_in_process.json)
 TIMES = CompiledTimes(23.5, 28.3)  # compile's and compile+per-block's step times, ms (..._llama_bs8_sac_compiled.json)
 PER_OP_PEAK = 4612 * MiB  # compile+per-op's measured peak, there
 
@@ -50,7 +50,7 @@ def test_one_rank_under_fsdp2_wraps_the_head_and_norm_and_fits_hf_gcs_peak():
     from acstudio.simulate.sharding import per_rank_profile
 
     rank = PlanContext(per_rank_profile(Profile.load(LLAMA), 2, "fsdp"))
-    hf_gc, compile_per_block = 4985804288, 4988952576  # per-rank peaks (results/bench_h200_llama_bs8x2_dist*.json)
+    hf_gc, compile_per_block = 4985804288, 4988952576  # per-rank peaks (results/bench/llama/bs8x2_fsdp_ddp*.json)
     plan = plan_compiled(rank, hf_gc, compile_per_block, times=CompiledTimes(52.3, 69.6))
     assert {"model.norm", "lm_head"} <= simulate_sac(rank.sim, plan.recomputed).decisions.keys()
     assert plan.feasible and plan.compiled_peak_bytes <= hf_gc < compile_per_block

@@ -154,7 +154,7 @@ def test_time_scale_prices_recomputation_like_the_h200_measured_it():
     profile = Profile.load(root / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz")
     raw = sum(n.run_time_ms for n in profile.nodes)
     assert 0 < profile.time_scale < 1 and profile.time_scale == pytest.approx(profile.iteration_ms / raw)
-    bench = json.loads((root / "results" / "bench_h200_resnet152_bs64.json").read_text())
+    bench = json.loads((root / "results" / "bench" / "resnet152" / "bs64_first_run.json").read_text())
     rows = {r["config"]: r for r in bench["rows"]}
     measured = rows["rewritten@4811MiB"]["time_ms_median"] - rows["captured"]["time_ms_median"]
     predicted = mutwo_trajectory(profile).plan_for_budget(4811 * 2**20).predicted_extra_ms

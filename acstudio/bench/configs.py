@@ -35,7 +35,7 @@ class Kind:
     process of its own before the measuring one, which then only loads the result, as a user's training process
     loads an export: the process that had captured and profiled the model ran the step slower (ResNet-152 bs64
     compiled with our plan on the H200: 69.6 ms, against 56.0-61.5 ms planned apart;
-    ``results/inprocess_h200_resnet152_bs64.txt``)."""
+    ``results/bench/resnet152/bs64_plan_in_process_check.txt``)."""
 
     name: str
     summary: str
