@@ -10,7 +10,6 @@
 set -u
 part=$1
 out=${2:-results}
-mkdir -p "$out"
 bench="python3 -m acstudio bench"
 steps="--warmup 3 --iters 8"
 export PYTHONUNBUFFERED=1
@@ -166,11 +165,12 @@ verify-transformer-plans)  # about 3 min: the plans at per-block's and 1.15x per
         --device cuda --json "/tmp/verify_${name}_$b.json"
     done
   done
+  mkdir -p "$out/verify"
   python3 -c 'import json, sys; json.dump({p: json.load(open(p)) for p in sys.argv[2:]}, open(sys.argv[1], "w"), indent=1)' \
     "$out/verify/verify_h200_transformers.json" /tmp/verify_*.json
   ;;
 *)
-  echo "unknown part $part (see the usage line)" >&2
+  echo "unknown part $part; the parts: $("$0" list | tr '\n' ' ')" >&2
   exit 2
   ;;
 esac
