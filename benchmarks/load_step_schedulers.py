@@ -1,4 +1,4 @@
-"""``load_step`` under LR schedulers against the eager loop, on a real device (issue 13's H200 target).
+"""``load_step`` under LR schedulers against the eager loop, on a real device: every step must train bitwise like it.
 
 Usage: PYTHONPATH=. python3 benchmarks/load_step_schedulers.py OUT_DIR [--device cuda] [MODEL:BATCH ...]
 (default models: resnet18:32 and a 2-layer bert:8 at seq 128). For SGD, Adam and AdamW each workload is profiled

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/profile_accuracy.py OUT_DIR MODEL:BATCH [MODEL:BATCH ...] [-- extra profile args]
 Writes OUT_DIR/<device>_<model>_bs<batch>_adam.json.gz (the profile) and OUT_DIR/profile_accuracy.json
-(measured profile peak vs eager max_memory_allocated, capture+profile wall time). Issue 2's targets: peak
+(measured profile peak vs eager max_memory_allocated, capture+profile wall time). The targets: peak
 within 2% of eager, ResNet-152 bs64 capture+profile within 30 s on an H200.
 """
 

@@ -4,7 +4,7 @@ Usage: python benchmarks/verify_plans.py OUT.json PROFILE [PROFILE ...] [--devic
 For each profile and budget the planner's plan (`best_plan_for_budget`, as `acstudio plan` and `bench` pick it)
 goes through `acstudio.rewrite.verify.verify`: the original and the rewritten step from identical state, loss,
 gradients, parameters, buffers and optimizer state compared, and on CUDA the rewritten step's
-`max_memory_allocated` beside the plan's predicted peak (issue 4's target: within 3% on every plan). The budget
+`max_memory_allocated` beside the plan's predicted peak (the target: within 3% on every plan). The budget
 `floor` is the lowest peak μ-TWO reaches. Results are written after every plan, so an interrupted run keeps them.
 """
 
