@@ -50,11 +50,11 @@ decoder1b-s2048 $decoder --seq-len 2048 -b 4
 EOF
 }
 
-run_shape() {  # run_shape NAME MODEL_ARGS...: one bench, bounded to fit a 10-minute device call
+run_shape() {  # run_shape NAME MODEL_ARGS...: one bench, bounded (GRID_TIMEOUT_S) to fit a 10-minute device call
   name=$1
   shift
   mkdir -p "$out/grid"
-  timeout 590 python3 -m acstudio bench "$@" --configs "$rows" $steps --out "/tmp/grid_$name"
+  timeout "${GRID_TIMEOUT_S:-560}" python3 -m acstudio bench "$@" --configs "$rows" $steps --out "/tmp/grid_$name"
   cp "/tmp/grid_$name/bench.json" "$out/grid/$name.json"
 }
 
