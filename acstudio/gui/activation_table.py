@@ -7,10 +7,11 @@ session; the session's selection selects the row without saying it back.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSignalBlocker, Qt, QTimer
+from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QStyle, QTableView, QVBoxLayout, QWidget
 
 from acstudio.gui.models import ID_ROLE, DataFrameModel, FilterProxy, fmt_bytes, fmt_int, fmt_ms, fmt_ratio
+from acstudio.units import format_bytes
 from acstudio.views.session import PlanState, Session
 
 MAX_COLUMN_PX = 280
@@ -23,6 +24,8 @@ TABLE_HEADERS = {"inactive_ms": "inactive (ms)", "recompute_ms": "recompute (ms)
 
 
 class ActivationTable(QWidget):
+    statusMessage = Signal(str)  # what the table shows, when it shows less than every activation
+
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
@@ -78,6 +81,10 @@ class ActivationTable(QWidget):
         """A timeline span selects the activations alive in it: the table shows only those."""
         alive = self.session.span_activations
         self.proxy.set_only(set(self.session.loaded.table.index[alive]) if alive.any() else None)
+        if alive.any():
+            self.statusMessage.emit(f"{int(alive.sum())} activations alive in the selected span "
+                                    f"({format_bytes(int(self.session.loaded.acts.bytes[alive].sum()))}); the table "
+                                    "shows only them until the span is switched off")
 
     def _on_row(self, current, _previous) -> None:
         act_id = current.data(ID_ROLE)

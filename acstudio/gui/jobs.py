@@ -10,6 +10,7 @@ result is then discarded.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 import traceback
@@ -53,6 +54,13 @@ def share_interpreter_with_jobs() -> GarbageCollector:
     """
     sys.setswitchinterval(GIL_SWITCH_S)
     return GarbageCollector(interval=0.5)
+
+
+def stop_sharing_interpreter(collector: GarbageCollector) -> None:
+    """The worker threads are gone: automatic collection again, and one collection now, in the GUI thread."""
+    collector.timer.stop()
+    gc.enable()
+    gc.collect()
 
 
 class _Worker(QObject):
@@ -248,6 +256,10 @@ class WindowJobs(QObject):
 
     def __getitem__(self, name: str) -> JobRunner:
         return self.runners[name]
+
+    @property
+    def busy(self) -> bool:
+        return any(runner.busy for runner in self.runners.values())
 
     def cancel_shown(self) -> None:
         for name in self.shown:

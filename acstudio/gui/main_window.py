@@ -1,14 +1,12 @@
 """The main window: docks, menus, the status bar and the background jobs the user starts.
 
-The window holds the one :class:`~acstudio.views.session.Session`; every view takes it and follows it, so
-nothing here passes plans, budgets or selections between views. Every long call runs in a
-:class:`~acstudio.gui.jobs.JobRunner`; every error the user can cause ends in
-:class:`~acstudio.gui.dialogs.Messages` and leaves what is loaded untouched.
+The window holds the one :class:`~acstudio.views.session.Session`; every view takes it and follows it, so nothing
+here passes plans, budgets or selections between views. Every long call runs in a job; every error the user can
+cause ends in :class:`~acstudio.gui.dialogs.Messages` and leaves what is loaded untouched.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from datetime import datetime
@@ -17,7 +15,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QSplitter
+from PySide6.QtWidgets import QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QSplitter
 
 from acstudio.gui.activation_table import ActivationTable
 from acstudio.gui.budget_panel import BudgetPanel
@@ -27,41 +25,31 @@ from acstudio.gui.dialogs import (
     Messages,
     NewProfileDialog,
     RecentFiles,
-    TableDialog,
     bench_results_dialog,
 )
 from acstudio.gui.graph_view import GraphView
 from acstudio.gui.inspector import Inspector
-from acstudio.gui.jobs import QtJobs, WindowJobs, share_interpreter_with_jobs
+from acstudio.gui.jobs import QtJobs, WindowJobs, share_interpreter_with_jobs, stop_sharing_interpreter
 from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.model import Plan
 from acstudio.plan.solvers import SOLVERS
 from acstudio.units import format_bytes
+from acstudio.views import documents
 from acstudio.views.child import sweep_in_child
-from acstudio.views.documents import (
-    Loaded,
-    export_name,
-    new_profile_name,
-    open_document,
-    profile_and_prepare,
-    run_benchmark,
-)
-from acstudio.views.pareto import measured_points
+from acstudio.views.documents import Loaded, open_document
 from acstudio.views.session import Session
 
 USER_JOBS = ("load", "profile", "export", "bench")  # shown with a progress bar and Cancel
 JOB_TITLES = {"load": "Cannot open the file", "profile": "Profiling failed", "export": "Export failed",
               "bench": "Benchmark failed", "probe": "Cannot list models and devices"}
 FILE_FILTER = "AC Studio files (*.json.gz *.json);;All files (*)"
+FOLDERS = QStandardPaths.StandardLocation
 
 
-def default_cache_dir() -> str:
-    return os.path.join(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.CacheLocation), "layouts")
-
-
-def default_data_dir() -> str:
-    return QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
+def user_folder(location: QStandardPaths.StandardLocation, *parts: str) -> str:
+    """Where this platform keeps the user's files of the kind ``location`` names (and ``parts`` under it)."""
+    return os.path.join(QStandardPaths.writableLocation(location), *parts)
 
 
 class MainWindow(QMainWindow):
@@ -75,7 +63,7 @@ class MainWindow(QMainWindow):
         make_singletons_immortal()
         self._garbage = share_interpreter_with_jobs()  # closeEvent stops it
         super().__init__()
-        self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
+        self.data_dir = Path(data_dir or user_folder(FOLDERS.AppDataLocation))
         self.setWindowTitle("AC Studio")
         self.setAcceptDrops(True)
         screen = self.screen().availableGeometry()
@@ -83,7 +71,7 @@ class MainWindow(QMainWindow):
         self.settings = settings if settings is not None else QSettings("AC Studio", "acstudio")
         self.messages = messages or Messages(self)
         self.session = session = Session(QtJobs(self))
-        self.graph = GraphView(session, cache_dir if cache_dir is not None else default_cache_dir())
+        self.graph = GraphView(session, cache_dir or user_folder(FOLDERS.CacheLocation, "layouts"))
         self.timeline = TimelineView(session)
         self.liveMemory.connect(self.timeline.show_live)
         self.budget = BudgetPanel(session, tuple(SOLVERS))
@@ -124,27 +112,25 @@ class MainWindow(QMainWindow):
             runner.cancelled.connect(partial(self.show_status, f"{name}: cancelled"))
         self.runners["profile"].failed.connect(lambda *_: self.timeline.show_session())
         self.runners["profile"].cancelled.connect(self.timeline.show_session)
-        self.runners["load"].resultReady.connect(self._on_opened)
-        self.runners["profile"].resultReady.connect(self._on_profiled)
-        self.runners["sweep"].resultReady.connect(lambda rows: session.show_other_solvers(session.loaded.path, rows))
-        self.runners["export"].resultReady.connect(self._on_exported)
-        self.runners["bench"].resultReady.connect(self._on_bench)
+        for name, on_result in (("load", self._on_opened), ("profile", self._on_profiled),
+                                ("sweep", lambda rows: session.show_other_solvers(session.loaded.path, rows)),
+                                ("export", self._on_exported), ("bench", self._on_bench)):
+            self.runners[name].resultReady.connect(on_result)
         self.floorExplained.connect(session.set_floor_note)
         self.sweepRowsReady.connect(session.show_other_solvers)
         session.events.loaded.connect(self._on_loaded)
         session.events.plan.connect(self._on_plan)
         session.events.planning.connect(
             lambda solver, budget: self.show_status(f"Planning with {solver} for {format_bytes(budget)}…"))
-        session.events.span.connect(lambda _nodes: self._on_span())
+        self.activations.statusMessage.connect(self.show_status)
         session.events.failed.connect(lambda message, details: self._error("Planning failed", message, details))
         self.environment = EnvironmentProbe(self.runners["probe"])
-        self.bench_results = None  # the last BenchResults, and the window showing them
-        self.bench_window: TableDialog | None = None
+        self.bench_results = self.bench_window = None  # the last BenchResults, and the window showing them
         self._opening = ""
         self._waiting_first_plan = False  # a profile opened and its first plan is not complete yet
         self._build_menus()
-        for value, restore in ((settings.value("geometry"), self.restoreGeometry),
-                               (settings.value("window_state"), self.restoreState)):
+        for value, restore in ((self.settings.value("geometry"), self.restoreGeometry),
+                               (self.settings.value("window_state"), self.restoreState)):
             if value is not None:
                 restore(value)
 
@@ -168,11 +154,10 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
-        action = QAction(text, self)
+        action = menu.addAction(text)
         if shortcut is not None:
             action.setShortcut(QKeySequence(shortcut))
         action.triggered.connect(lambda _checked=False: slot())
-        menu.addAction(action)
         return action
 
     def _update_actions(self) -> None:
@@ -207,7 +192,7 @@ class MainWindow(QMainWindow):
             self._on_bench(result)
 
     def dragEnterEvent(self, event) -> None:
-        if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
+        if any(u.isLocalFile() for u in event.mimeData().urls()):
             event.acceptProposedAction()
 
     def dropEvent(self, event) -> None:
@@ -226,14 +211,13 @@ class MainWindow(QMainWindow):
         return dialog
 
     def start_profile(self, spec: dict, device: str) -> None:
-        """Profile ``spec`` (``WorkloadSpec.to_dict()``) on ``device`` in a child process, then open it.
-
-        The profile is saved under the data folder, so it can be reopened from the recent files.
-        """
-        path = self.data_dir / "profiles" / new_profile_name(spec, device, datetime.now().strftime("%Y%m%d-%H%M%S"))
+        """Profile ``spec`` (``WorkloadSpec.to_dict()``) on ``device`` in a child process, saving the profile under the
+        data folder (so that it can be reopened from the recent files), then open it. The child streams the measured
+        memory curve: ``liveMemory`` carries it to the timeline on the GUI thread."""
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = self.data_dir / "profiles" / documents.new_profile_name(spec, device, stamp)
         self.show_status(f"Profiling {spec['model']} (batch {spec['batch_size']}) on {device}…")
-        # The child streams the measured memory curve; the signal carries it to the timeline on the GUI thread.
-        self.runners["profile"].submit(partial(profile_and_prepare, spec, device, str(path),
+        self.runners["profile"].submit(partial(documents.profile_and_prepare, spec, device, str(path),
                                                on_memory=self.liveMemory.emit))
 
     def _on_profiled(self, loaded: Loaded) -> None:
@@ -248,9 +232,9 @@ class MainWindow(QMainWindow):
         self._waiting_first_plan = True
         self.runners["sweep"].cancel()
         self._update_actions()
-        self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} "
-                         f"activations; peak {format_bytes(self.session.baseline_bytes)}, "
-                         f"floor {format_bytes(self.session.floor_bytes)}")
+        peak, floor = format_bytes(self.session.baseline_bytes), format_bytes(self.session.floor_bytes)
+        self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} activations; "
+                         f"peak {peak}, floor {floor}")
 
     def _on_plan(self, state) -> None:
         """What the first paint does not need starts once the opened profile's first plan is complete: the other
@@ -264,13 +248,6 @@ class MainWindow(QMainWindow):
                                              on_floor=lambda note: self.floorExplained.emit(path, note),
                                              on_rows=lambda rows: self.sweepRowsReady.emit(path, rows)))
         self.graph.allow_prefetch()
-
-    def _on_span(self) -> None:
-        alive = self.session.span_activations
-        if alive.any():
-            self.show_status(f"{int(alive.sum())} activations alive in the selected span "
-                             f"({format_bytes(int(self.session.loaded.acts.bytes[alive].sum()))}); the table "
-                             "shows only them until the span is switched off")
 
     # -- plan files, export, benchmark -----------------------------------------------------------------------
     def save_plan_dialog(self) -> None:
@@ -292,8 +269,8 @@ class MainWindow(QMainWindow):
 
         path = QFileDialog.getExistingDirectory(self, "Export into folder", self.recent.last_dir())
         if path:
-            self.export_to(str(export_folder_in(path, export_name(self.session.loaded.profile,
-                                                                  self.session.state.plan))))
+            name = documents.export_name(self.session.loaded.profile, self.session.state.plan)
+            self.export_to(str(export_folder_in(path, name)))
 
     def export_to(self, out_dir: str) -> None:
         """Schedule, rewritten module and report for the current plan, written in the background."""
@@ -319,22 +296,20 @@ class MainWindow(QMainWindow):
     def start_bench(self, settings: dict) -> None:
         """Run :func:`acstudio.bench.run_bench` on the open profile's workload in the background."""
         out = self.data_dir / "bench" / datetime.now().strftime("%Y%m%d-%H%M%S")
-        workload = dict(self.session.loaded.profile.workload)
         self.show_status(f"Benchmarking {', '.join(settings['configs'])} into {out}…")
-        self.runners["bench"].submit(partial(run_benchmark, workload, str(out), settings))
+        self.runners["bench"].submit(partial(documents.run_benchmark, dict(self.session.loaded.profile.workload),
+                                             str(out), settings))
 
     def _on_bench(self, results) -> None:
         """Results table and plot; measured points (same batch as the profile) go on the Pareto chart."""
         df = results.to_frame()
         self.bench_results = results
         self.show_status(f"Benchmark: {len(df)} measurements")
-        points = measured_points(df, self.session.loaded.profile.workload["batch_size"])
-        if points is not None:
-            self.session.show_measured(*points)
+        self.session.show_measured(df)
         self.bench_window = bench_results_dialog(df, self)
         self.bench_window.show()
 
-    # -- jobs and status -------------------------------------------------------------------------------------
+    # -- jobs, status and shutdown ---------------------------------------------------------------------------
     def _on_progress(self, name: str, message: str) -> None:
         # opening a file is one step to the user; the planner's inner steps stay behind the progress bar
         self.show_status(f"Opening {Path(self._opening).name}…" if name == "load" else f"{name}: {message}")
@@ -352,7 +327,6 @@ class MainWindow(QMainWindow):
     def show_status(self, text: str) -> None:
         self.status_label.setText(text)
 
-    # -- shutdown --------------------------------------------------------------------------------------------
     def closeEvent(self, event) -> None:
         """Save the layout, cancel every job and wait for the worker threads, so nothing outlives the window."""
         self.settings.setValue("geometry", self.saveGeometry())
@@ -361,21 +335,15 @@ class MainWindow(QMainWindow):
         self.runners.shutdown()
         self.session.shutdown()
         self.graph.shutdown()
-        self._garbage.timer.stop()
-        gc.enable()
-        gc.collect()  # the worker threads are gone: collect here, in the GUI thread
+        stop_sharing_interpreter(self._garbage)
         super().closeEvent(event)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
-        """Process events until no job is running and the inspector shows the current plan (``--screenshot``
-        and tests)."""
-        from PySide6.QtWidgets import QApplication
-
+        """Process events until no job runs and the inspector shows the current plan (``--screenshot``, tests)."""
         deadline = time.monotonic() + timeout_s
-        runners = [*self.runners.runners.values(), self.session, self.graph.runner]
         while time.monotonic() < deadline:
             QApplication.processEvents()
-            if not any(r.busy for r in runners) and not self.inspector.pending:
+            if not any(r.busy for r in (self.runners, self.session, self.graph.runner)) and not self.inspector.pending:
                 QApplication.processEvents()
                 return True
             time.sleep(0.005)

@@ -10,9 +10,10 @@ A budget is answered in two moves, each made once:
 1. at once, a *preview* read off μ-TWO's precomputed trajectory when the solver answers instantly: the recompute
    set, predicted peak, extra time and the decision of every activation (a lookup, microseconds, neither a solve
    nor a simulation), so a slider step costs one repaint;
-2. when the budget rests, *one* background job solves with the chosen solver and simulates its plan's timeline.
-   A newer budget supersedes it (newest wins), so a drag costs one plan for where it stops. Complete plans are
-   cached per solver and budget, so going back to a budget is instant.
+2. when the budget rests, *one* background job solves with the chosen solver (whose shared-chain search and
+   programs take a tenth of a second and more) and simulates the plan it keeps: the solver's, or the preview
+   where that is as fast. A newer budget supersedes the job (newest wins), so a drag costs one plan, for where it
+   stops. Complete plans are cached per solver and budget, so going back to a budget is instant.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
+import pandas as pd
 
 from acstudio.errors import ACStudioError, Cancelled
 from acstudio.jobs import CancelToken, check
@@ -32,6 +34,7 @@ from acstudio.plan.solvers import SOLVERS
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import SimResult
 from acstudio.views.documents import Loaded
+from acstudio.views.pareto import measured_points
 from acstudio.views.tables import Decisions, alive_in_span, back_in_memory_at, graph_decisions, table_columns
 
 PLAN_JOB = "plan"
@@ -204,9 +207,11 @@ class Session:
         if self.loaded is not None and self.loaded.path == path:
             self.events.other_solvers.emit(rows)
 
-    def show_measured(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
-        """Benchmarked operating points of the open profile's workload."""
-        self.events.measured.emit(extra_ms, peak_bytes)
+    def show_measured(self, results: pd.DataFrame) -> None:
+        """Benchmark ``results`` of the open profile's workload: those of its batch size are operating points."""
+        points = measured_points(results, self.loaded.profile.workload["batch_size"])
+        if points is not None:
+            self.events.measured.emit(*points)
 
     # -- budget, solver, plans -------------------------------------------------------------------------------
     def set_budget(self, budget: int, *, final: bool = True) -> None:
