@@ -176,6 +176,10 @@ class BudgetPanel(QWidget):
         # the headline already says whether the budget is met: keep only what the reason adds
         for said in ("budget met", "budget not met"):
             reason = reason.removeprefix(said).lstrip(";, ")
+        # what followed it in parentheses ("budget met (mutwo's plan)") goes in the one pair around the detail
+        aside, close, rest = reason.partition(")")
+        if reason.startswith("(") and close:
+            reason = aside[1:] + rest
         detail = f" ({reason})" if reason else ""
         self.status_label.setText(f'<span style="color:{colour}"><b>{text}</b></span>{detail}')
 
