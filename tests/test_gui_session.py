@@ -165,6 +165,10 @@ def test_timeline_follows_budget_plan_and_selection(qtbot, session, loaded):
     act = max(loaded.profile.activations, key=lambda a: a.bytes)
     session.select(act.created_at)
     assert timeline.cursor.isVisible() and dict(timeline.lifetime)["made"] == loaded.profile.node_index[act.created_at]
+    # a budget below what the line can show (a plan file's) leaves the line at its bound and the session as it is
+    session.set_budget(session.floor_bytes // 2, final=False)
+    assert timeline.budget_line.value() == pytest.approx(session.floor_bytes / 2**30)
+    assert session.budget == session.floor_bytes // 2
     # a drag of the budget line moves the session's budget to the byte
     target = (session.floor_bytes + session.baseline_bytes) // 2 + 12345
     timeline.budget_line.setValue(target / 2**30)

@@ -3,9 +3,9 @@ budget as a draggable line, the selected activation's lifetime and a span that s
 
 Bound to the :class:`~acstudio.views.session.Session` (napari's ``QtDims(dims)`` style): it follows the loaded
 profile, the budget, the current plan and the selection, and sends clicks, spans and budget-line drags back to the
-session. Curves are created
-once per profile and updated with ``setData`` on every plan change; the plan's stacked categories are drawn as
-cumulative curves, each filled down to zero, top category first so the lower ones paint over it.
+session. Curves are created once per profile and updated with ``setData`` on every plan change; the plan's stacked
+categories are drawn as cumulative curves, each filled down to zero, top category first so the lower ones paint
+over it.
 """
 
 from __future__ import annotations
@@ -336,6 +336,12 @@ class TimelineView(QWidget):
         # the line announces its move; _on_line_moved sees the session's own budget and says nothing back
         self.budget_line.setValue(budget_bytes / GIB)
 
+    def _line_value(self, budget_bytes: int) -> float:
+        """Where the line shows ``budget_bytes``: there, or at its nearer bound."""
+        lo, hi = self.budget_line.maxRange
+        value = budget_bytes / GIB  # exact: a division by a power of two
+        return min(max(value, lo if lo is not None else value), hi if hi is not None else value)
+
     def set_cursor(self, node_id: str) -> None:
         if self._profile is None or self.axis is None or node_id not in self._profile.node_index:
             self.cursor.hide()
@@ -408,11 +414,10 @@ class TimelineView(QWidget):
 
     # -- interaction -----------------------------------------------------------------------------------------
     def _on_line_moved(self, line: pg.InfiniteLine) -> None:
-        """A drag shows its budget everywhere at once and plans for it when it pauses (budget / GiB is exact in
-        floating point, so the session's own budget comes back as itself and is not a move)."""
-        budget = round(line.value() * GIB)
-        if budget != self.session.budget:
-            self.session.set_budget(budget, final=False)
+        """A drag shows its budget everywhere at once and plans for it when it pauses; the line showing the
+        session's own budget is not a move."""
+        if line.value() != self._line_value(self.session.budget):
+            self.session.set_budget(round(line.value() * GIB), final=False)
             self._drag_commit.start()
 
     def _commit_budget(self) -> None:
