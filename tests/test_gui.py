@@ -805,8 +805,6 @@ def test_a_slider_step_touches_only_the_activations_whose_plan_facts_change(qtbo
         steps = {a: k for k, a in enumerate(plan.recomputed)}
         return {a: (d, steps.get(a), entries.get(a)) for a, d in plan.decisions(profile).items()}
 
-    # a drag's steps follow each other before the budget rests: each shows the trajectory's preview
-    session.set_budget(session.baseline_bytes)
     before = facts(session.state.plan)
     rows = []
     model.dataChanged.connect(lambda tl, br: rows.extend(range(tl.row(), br.row() + 1)))

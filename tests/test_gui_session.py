@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from acstudio.plan import solvers
+from acstudio.plan.mutwo import Trajectory
 from acstudio.profile.model import Profile
 from acstudio.views import session as session_module
 from acstudio.views.documents import prepare
@@ -26,21 +27,25 @@ def loaded():
 
 @pytest.fixture
 def counted(monkeypatch):
-    """The session's own solver calls by name (not those ``auto`` makes of the solvers it compares), and its
-    simulations as ``"simulate"``."""
+    """The plans the session makes: a solver's by its name (not the plans ``auto`` asks of the others), μ-TWO's
+    best plan for a budget as ``"mutwo-best"``; and its simulations, as ``"simulate"``."""
     calls: list[str] = []
     depth = [0]
-    for name, record in list(solvers.SOLVERS.items()):
-        def counting(*args, _name=name, _solve=record.solve, **kwargs):
+
+    def counting(name, make):
+        def made(*args, **kwargs):
             if not depth[0]:
-                calls.append(_name)
+                calls.append(name)
             depth[0] += 1
             try:
-                return _solve(*args, **kwargs)
+                return make(*args, **kwargs)
             finally:
                 depth[0] -= 1
+        return made
 
-        monkeypatch.setitem(solvers.SOLVERS, name, dataclasses.replace(record, solve=counting))
+    for name, record in list(solvers.SOLVERS.items()):
+        monkeypatch.setitem(solvers.SOLVERS, name, dataclasses.replace(record, solve=counting(name, record.solve)))
+    monkeypatch.setattr(Trajectory, "best_plan_for_budget", counting("mutwo-best", Trajectory.best_plan_for_budget))
 
     def simulate_plan(*args, _simulate=session_module.simulate_plan):
         calls.append("simulate")
@@ -63,8 +68,9 @@ def test_a_budget_change_plans_once_and_raises_plain_events(loaded, counted):
     session.set_loaded(loaded)
     assert seen["loaded"] == [loaded] and seen["solver"] == ["auto"]
     mid = (session.floor_bytes + session.baseline_bytes) // 2
-    assert seen["budget"] == [mid] and counted == ["auto", "simulate"]
-    # the preview (read off μ-TWO's trajectory, not solved) and then the one complete plan, simulated
+    assert seen["budget"] == [mid] and counted == ["mutwo-best", "simulate"]
+    # the preview (read off μ-TWO's trajectory, not solved) and then the one complete plan, simulated: μ-TWO's best
+    # (auto's own answer runs programs for seconds: the chart's auto curve comes from the sweep)
     assert [s.complete for s in seen["plan"]] == [False, True]
     assert session.state.complete and session.state.plan.budget_bytes == mid
     assert session.state.sim.peak_bytes == session.state.plan.predicted_peak_bytes
@@ -72,7 +78,7 @@ def test_a_budget_change_plans_once_and_raises_plain_events(loaded, counted):
     counted.clear()
     seen["plan"].clear()
     session.set_budget(session.floor_bytes)
-    assert counted == ["auto", "simulate"]  # planned and simulated once, not again later
+    assert counted == ["mutwo-best", "simulate"]  # planned and simulated once, not again later
     assert [s.complete for s in seen["plan"]] == [False, True]
     # a drag shows its budgets without planning; where it stops is planned once
     counted.clear()
@@ -81,7 +87,7 @@ def test_a_budget_change_plans_once_and_raises_plain_events(loaded, counted):
     assert counted == [] and session.budget == session.baseline_bytes
     session.set_budget(session.budget)
     session.set_budget(session.budget)  # committing the same budget again is not news
-    assert counted == ["auto", "simulate"]
+    assert counted == ["mutwo-best", "simulate"]
     # a budget already planned comes back from the cache, complete and without a solver call
     counted.clear()
     seen["plan"].clear()

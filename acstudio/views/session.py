@@ -10,10 +10,11 @@ A budget is answered in two moves, each made once:
 1. at once, a *preview* read off μ-TWO's precomputed trajectory when the solver answers instantly: the recompute
    set, predicted peak, extra time and the decision of every activation (a lookup, microseconds, neither a solve
    nor a simulation), so a slider step costs one repaint;
-2. when the budget rests, *one* background job solves with the chosen solver (whose shared-chain search and
-   programs take a tenth of a second and more) and simulates the plan it keeps: the solver's, or the preview
-   where that is as fast. A newer budget supersedes the job (newest wins), so a drag costs one plan, for where it
-   stops. Complete plans are cached per solver and budget, so going back to a budget is instant.
+2. when the budget rests, *one* background job makes the plan and simulates its timeline: for a solver that
+   answers instantly, μ-TWO's best plan for the budget (the preview, or its shared-chain form where that is
+   faster: tens of simulations, a tenth of a second, too slow for every slider step); for another solver, its
+   own plan. A newer budget supersedes the job (newest wins), so a drag costs one plan, for where it stops.
+   Complete plans are cached per solver and budget, so going back to a budget is instant.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ PLAN_JOB = "plan"
 PLAN_AT_REST_MS = 150  # a previewed budget is solved once it rests this long: a drag does not solve every pause
 SIMULATE_AFTER_MS = 10  # a plan without a preview is solved this long after the step, once it is painted
 CACHE_PLANS = 64  # complete plans kept (the timeline of a 13k-node graph is ~0.6 MB)
-# Solvers whose quick answer is read off μ-TWO's trajectory while the slider moves, solved when it rests.
+# Solvers whose answer is read off μ-TWO's trajectory while the slider moves, and is μ-TWO's best plan when it
+# rests (auto's full answer also runs the shared-mode program, seconds per budget on BERT-size graphs: the chart's
+# auto curve comes from the sweep's child process instead).
 INSTANT = ("auto", "mutwo")
 DEFAULT_SOLVER = "auto"
 
@@ -137,16 +140,19 @@ class PlanState:
         return self.sim is not None
 
 
-def solve_and_simulate(loaded: Loaded, budget: int, solver: str, preview: Plan | None = None, progress=None,
-                       cancel=None) -> tuple[Plan, SimResult]:
-    """The plan job: ``solver``'s plan for ``budget`` and its simulated timeline, each made once. The ``preview``
-    shown meanwhile stays unless the solver's plan is faster (or fits where it does not): a plan that is no better
-    would change the views for nothing."""
+def solve_and_simulate(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None
+                       ) -> tuple[Plan, SimResult]:
+    """The plan job of a solver without a preview: its plan for ``budget`` and its timeline, each made once."""
     plan = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
     check(cancel)
-    if preview is not None and (plan.feasible, -plan.predicted_extra_ms) <= (preview.feasible,
-                                                                            -preview.predicted_extra_ms):
-        plan = preview
+    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+
+
+def refine_and_simulate(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult]:
+    """The plan job after a preview: μ-TWO's best plan for ``budget`` (the preview's steps, or a prefix of them
+    replayed as shared chains where that is faster) and its timeline, each made once."""
+    plan = loaded.trajectory.best_plan_for_budget(budget)
+    check(cancel)
     return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
 
 
@@ -245,15 +251,13 @@ class Session:
             self._plans.move_to_end(request)
             self._show(*cached)
             return
-        preview = None
         if self.solver in INSTANT:
-            preview = self.loaded.trajectory.plan_for_budget(self.budget)
-            self._show(preview, None)
+            self._show(self.loaded.trajectory.plan_for_budget(self.budget), None)
+            job, delay = partial(refine_and_simulate, self.loaded, self.budget), PLAN_AT_REST_MS
         else:
             self.events.planning.emit(self.solver, self.budget)
-        self.jobs.submit(PLAN_JOB, partial(solve_and_simulate, self.loaded, self.budget, self.solver, preview),
-                         partial(self._on_planned, request), self.events.failed.emit,
-                         delay_ms=PLAN_AT_REST_MS if preview is not None else SIMULATE_AFTER_MS)
+            job, delay = partial(solve_and_simulate, self.loaded, self.budget, self.solver), SIMULATE_AFTER_MS
+        self.jobs.submit(PLAN_JOB, job, partial(self._on_planned, request), self.events.failed.emit, delay_ms=delay)
 
     def _on_planned(self, request: tuple[str, int], result: tuple[Plan, SimResult]) -> None:
         self._plans[request] = result
