@@ -133,7 +133,7 @@ def measure_slider(profile: Path, steps: int) -> dict[str, list[float]]:
             slider.setValue(value)
             slider.blockSignals(False)
             t0, c0 = time.perf_counter(), time.thread_time()
-            window.set_budget(window.budget.slider_bytes())  # what the debounced commit does
+            session.set_budget(window.budget.slider_bytes())  # what the debounced commit does
             app.processEvents()  # repaint
             quick.append((time.perf_counter() - t0) * 1e3)
             quick_cpu.append((time.thread_time() - c0) * 1e3)
@@ -144,7 +144,7 @@ def measure_slider(profile: Path, steps: int) -> dict[str, list[float]]:
             slider.setValue(value)
             slider.blockSignals(False)
             t0, c0 = time.perf_counter(), time.thread_time()
-            window.set_budget(window.budget.slider_bytes())
+            session.set_budget(window.budget.slider_bytes())
             app.processEvents()
             if not session.state.complete:
                 raise SystemExit("a revisited step was not cached")

@@ -197,7 +197,7 @@ def test_a_truncated_plan_is_a_corrupt_plan_not_a_bad_profile(sample, tmp_path, 
 
 
 def test_the_gui_shows_the_plan_s_own_reason(sample, tmp_path):
-    from acstudio.gui.session import open_document, prepare
+    from acstudio.views.documents import open_document, prepare
 
     _, profile, good = sample
     loaded = prepare(profile, str(SAMPLE))

@@ -22,13 +22,13 @@ from acstudio.gui.jobs import JobRunner
 from acstudio.gui.main_window import MainWindow
 from acstudio.gui.models import DataFrameModel, FilterProxy, fmt_bytes
 from acstudio.gui.qtcompat import make_singletons_immortal
-from acstudio.gui.session import prepare
 from acstudio.jobs import check
 from acstudio.plan.model import Plan
 from acstudio.profile.model import REGIONS, Profile
 from acstudio.units import format_bytes
 from acstudio.views import graph_layout as gl
 from acstudio.views.child import sweep_in_child
+from acstudio.views.documents import export_name, prepare
 from acstudio.workload import WorkloadSpec
 
 # Background work shares 2 cores with the test itself on CI, so no wait may rely on pytest-qt's 5 s default.
@@ -99,9 +99,15 @@ def window(qtbot, tmp_path):
     return w
 
 
+def wait_loaded(qtbot, w, before, timeout=60_000):
+    """Wait until the session holds a profile other than ``before``."""
+    qtbot.waitUntil(lambda: w.session.loaded is not None and w.session.loaded is not before, timeout=timeout)
+
+
 def open_and_wait(qtbot, w, path, timeout=60_000):
-    with qtbot.waitSignal(w.session.loadedChanged, timeout=timeout):
-        w.open_path(str(path))
+    before = w.session.loaded
+    w.open_path(str(path))
+    wait_loaded(qtbot, w, before, timeout)
     wait_plan(qtbot, w)
     qtbot.waitUntil(lambda: w.graph.view is not None and not w.graph.runner.busy, timeout=timeout)
 
@@ -333,7 +339,7 @@ def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile
     qtbot.waitUntil(lambda: window.session.state.plan.recomputed == saved.recomputed and window.session.state.complete,
                     timeout=WAIT_MS)
     assert window.budget.budget_bytes() == pytest.approx(saved.budget_bytes, abs=window.session.baseline_bytes / 500)
-    assert str(path) in window._recent()
+    assert str(path) in window.recent.paths()
 
 
 def test_export_writes_files_that_load_back(qtbot, window, tiny_profile_path, tmp_path):
@@ -382,7 +388,7 @@ def test_exporting_into_a_folder_of_other_files_makes_a_new_folder_inside(qtbot,
     for _ in range(2):  # the second export of the same plan replaces the first one's folder, nothing else
         with qtbot.waitSignal(window.runners["export"].resultReady, timeout=60_000) as blocker:
             window.export_dialog()
-    folder = picked / window.export_name()
+    folder = picked / export_name(window.session.loaded.profile, window.session.state.plan)
     assert {Path(p).parent for p in blocker.args[0]} == {folder} and (folder / "manifest.json").is_file()
     assert sorted(p.name for p in picked.iterdir()) == sorted(["notes.txt", folder.name])
     assert (picked / "notes.txt").read_text() == "mine"
@@ -429,15 +435,15 @@ def test_new_profile_runs_in_background_stays_responsive_and_opens(qtbot, window
     timer.start(10)
     live = []
     window.liveMemory.connect(lambda start, peaks, n: live.append((start, len(peaks), n)))
-    with qtbot.waitSignal(window.session.loadedChanged, timeout=120_000):
-        window.start_profile(WorkloadSpec(factory_ref, batch_size=8, optimizer="adam").to_dict(), "cpu")
-        assert window.progress.isVisible() and window.cancel_button.isVisible()
+    window.start_profile(WorkloadSpec(factory_ref, batch_size=8, optimizer="adam").to_dict(), "cpu")
+    assert window.progress.isVisible() and window.cancel_button.isVisible()
+    wait_loaded(qtbot, window, None, 120_000)
     timer.stop()
     loaded = window.session.loaded
     assert loaded.profile.workload["model"] == factory_ref
     # the new profile was saved and reopens to the same graph
     assert Profile.load(loaded.path).fingerprint == loaded.profile.fingerprint
-    assert loaded.path in window._recent()
+    assert loaded.path in window.recent.paths()
     # the memory curve was streamed to the timeline while measuring: every node once, in order
     n = len(loaded.profile.nodes)
     assert live and all(total == n for _, _, total in live)
@@ -536,7 +542,7 @@ def test_window_layout_and_recent_files_persist(qtbot, tmp_path, tiny_profile_pa
     again = MainWindow(settings=window.settings, cache_dir=str(tmp_path / "cache"), messages=Recorder(),
                        data_dir=str(tmp_path / "data"))
     qtbot.addWidget(again)
-    assert [a.text() for a in again.recent_menu.actions()] == [str(tiny_profile_path)]
+    assert [a.text() for a in again.recent.menu.actions()] == [str(tiny_profile_path)]
     assert again.findChild(QDockWidget, "inspector_dock").isHidden()
 
 
@@ -663,8 +669,8 @@ def test_drop_opens_the_file_and_hover_names_the_node(qtbot, window, tiny_profil
     mime.setUrls([QUrl.fromLocalFile(str(tiny_profile_path))])
     event = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.NoButton,
                        Qt.KeyboardModifier.NoModifier)
-    with qtbot.waitSignal(window.session.loadedChanged, timeout=60_000):
-        window.dropEvent(event)
+    window.dropEvent(event)
+    wait_loaded(qtbot, window, None)
     wait_plan(qtbot, window)
     profile = window.session.loaded.profile
     node = profile.nodes[len(profile.nodes) // 2]
@@ -740,7 +746,7 @@ def test_pyside_calls_cannot_exhaust_references_to_singletons(qtbot):
 def test_slider_answer_is_replaced_by_a_faster_shared_chain_plan(qtbot, window):
     sample = Path(__file__).resolve().parent.parent / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz"
     open_and_wait(qtbot, window, str(sample))
-    window.set_budget(4811 * 2**20)
+    window.session.set_budget(4811 * 2**20)
     quick = window.session.state.plan
     assert quick.replay_mode == "again"  # the instant answer is read off the trajectory
     qtbot.waitUntil(lambda: window.session.state.plan.replay_mode == "shared" and window.session.state.complete,
@@ -759,7 +765,7 @@ def test_inspector_says_what_sets_the_floor_and_the_plan_peak(qtbot, window, tin
     # the floor is worked out once the window is interactive, and the inspector then says it
     qtbot.waitUntil(lambda: "The floor is " in window.inspector.toPlainText(), timeout=WAIT_MS)
     # the plan's part follows the plan once the budget rests
-    window.set_budget(window.session.floor_bytes)
+    window.session.set_budget(window.session.floor_bytes)
     qtbot.waitUntil(lambda: window.session.state.complete and "This plan: peak "
                     f"{format_bytes(window.session.state.plan.predicted_peak_bytes)}" in window.inspector.toPlainText(),
                     timeout=WAIT_MS)
@@ -802,7 +808,7 @@ def test_a_slider_step_touches_only_the_activations_whose_plan_facts_change(qtbo
     before = facts(session.state.plan)
     rows = []
     model.dataChanged.connect(lambda tl, br: rows.extend(range(tl.row(), br.row() + 1)))
-    window.set_budget(session.floor_bytes)
+    window.session.set_budget(session.floor_bytes)
     after = facts(session.state.plan)
     ids = [model.data(model.index(r, 0)) for r in range(model.rowCount())]
     assert rows and sorted(rows) == [r for r, a in enumerate(ids) if before[a] != after[a]]

@@ -1,15 +1,18 @@
 """Budget panel: slider and spin box in GiB, solver choice, live prediction, and the Pareto chart.
 
-The slider emits ``budgetPreview`` on every tick (cheap consumers only: the timeline's budget line) and
-``budgetChanged`` once dragging pauses for :data:`DEBOUNCE_MS` or the slider is released (superqt's
-``qdebounced`` idea), so a fast drag costs a handful of plan look-ups, not one per pixel.
+Bound to the :class:`~acstudio.views.session.Session`: it draws the session's budget, solver and plan, and writes
+the user's moves back to it. Every slider tick shows its budget at once (``final=False``: the timeline's line
+follows, nothing is planned); the budget is committed, and planned, once dragging pauses for :data:`DEBOUNCE_MS`
+or the slider is released (superqt's ``qdebounced`` idea), so a fast drag costs a handful of plan look-ups, not one
+per pixel.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, QTimer
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -22,8 +25,10 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.timeline import cache_pixmaps
+from acstudio.simulate.modes import get_mode
 from acstudio.units import format_bytes
 from acstudio.views.pareto import pareto_shape
+from acstudio.views.session import PlanState, Session
 
 GIB = float(2**30)
 STEPS = 1000  # slider resolution between the floor and the baseline peak
@@ -36,15 +41,12 @@ SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120)
 
 
 class BudgetPanel(QWidget):
-    budgetChanged = Signal(object)  # bytes (may exceed 32 bits)
-    budgetPreview = Signal(object)
-    solverChanged = Signal(str)
+    """The budget and solver controls and the Pareto chart, bound to ``session``."""
 
-    def __init__(self, solvers: tuple[str, ...], parent: QWidget | None = None) -> None:
+    def __init__(self, session: Session, solvers: tuple[str, ...], parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.session = session
         self._floor, self._top = 0, 1
-        self._budget = 0  # bytes, exact: the slider shows it at its resolution, a line drag sets it to the byte
-        self._syncing = False
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setRange(0, STEPS)
         self.slider.setToolTip("Memory budget, from the checkpointing floor (left) to the peak without it (right)")
@@ -55,7 +57,7 @@ class BudgetPanel(QWidget):
         self.spin.setSingleStep(0.1)
         self.solver = QComboBox()
         self.solver.addItems(list(solvers))
-        self.solver.currentTextChanged.connect(self.solverChanged)
+        self.solver.currentTextChanged.connect(session.set_solver)
         self.range_label = QLabel("")
         self.peak_label = QLabel("–")
         self.extra_label = QLabel("–")
@@ -102,66 +104,65 @@ class BudgetPanel(QWidget):
         self.slider.valueChanged.connect(self._on_slider)
         self.slider.sliderReleased.connect(self._commit)
         self.spin.valueChanged.connect(self._on_spin)
+        self.setEnabled(False)
+        session.events.loaded.connect(self._on_loaded)
+        session.events.budget.connect(self._show_budget)
+        session.events.solver.connect(self._show_solver)
+        session.events.plan.connect(self._on_plan)
+        session.events.other_solvers.connect(self._on_other_solvers)
+        session.events.measured.connect(self.set_measured)
 
-    # -- range and value -------------------------------------------------------------------------------------
-    def set_range(self, floor_bytes: int, top_bytes: int) -> None:
-        self._floor, self._top = int(floor_bytes), max(int(top_bytes), int(floor_bytes) + 1)
-        self._syncing = True
-        try:
+    # -- following the session -------------------------------------------------------------------------------
+    def _on_loaded(self, loaded) -> None:
+        self._floor, self._top = self.session.floor_bytes, max(self.session.baseline_bytes,
+                                                               self.session.floor_bytes + 1)
+        with QSignalBlocker(self.spin):
             self.spin.setRange(self._floor / GIB, self._top / GIB)
             self.spin.setSingleStep(max((self._top - self._floor) / GIB / 50, 0.001))
-        finally:
-            self._syncing = False
         self.range_label.setText(f"floor {format_bytes(self._floor)} · no checkpointing {format_bytes(self._top)}")
+        curve = loaded.trajectory.curve()
+        self.set_curve(curve["extra_ms"].to_numpy(), curve["predicted_peak_bytes"].to_numpy())
+        self.clear_others()
+        self.setEnabled(True)
 
+    def _show_budget(self, budget_bytes: int) -> None:
+        """Slider and spin box at the session's budget (they say nothing back: it came from the session)."""
+        frac = (budget_bytes - self._floor) / (self._top - self._floor)
+        with QSignalBlocker(self.slider), QSignalBlocker(self.spin):
+            self.slider.setValue(round(min(max(frac, 0.0), 1.0) * STEPS))
+            self.spin.setValue(budget_bytes / GIB)
+
+    def _show_solver(self, solver: str) -> None:
+        with QSignalBlocker(self.solver):
+            self.solver.setCurrentText(solver)
+
+    def _on_plan(self, state: PlanState) -> None:
+        loaded, plan = self.session.loaded, state.plan
+        candidates = len(loaded.profile.activations) - len(loaded.template.excluded)
+        how = f"{plan.stop_reason}; {get_mode(plan.replay_mode).summary}"
+        self.show_prediction(plan.predicted_peak_bytes, plan.predicted_extra_ms, loaded.profile.iteration_ms,
+                             len(plan.recomputed), candidates, plan.feasible, how)
+        self.current.setData([float(plan.predicted_extra_ms)], [plan.predicted_peak_bytes / GIB])
+
+    # -- the user's moves ------------------------------------------------------------------------------------
     def budget_bytes(self) -> int:
-        return self._budget
+        return self.session.budget
 
     def slider_bytes(self, value: int | None = None) -> int:
         """The budget at slider position ``value`` (default: where the slider is)."""
         value = self.slider.value() if value is None else value
         return round(self._floor + (self._top - self._floor) * value / STEPS)
 
-    def set_budget(self, budget_bytes: int) -> None:
-        """Move slider and spin box to ``budget_bytes`` without emitting anything."""
-        self._budget = int(budget_bytes)
-        self._syncing = True
-        try:
-            frac = (budget_bytes - self._floor) / (self._top - self._floor)
-            self.slider.setValue(round(min(max(frac, 0.0), 1.0) * STEPS))
-            self.spin.setValue(budget_bytes / GIB)
-        finally:
-            self._syncing = False
-
-    def drag_to(self, budget_bytes: int) -> None:
-        """Follow a drag elsewhere (the timeline's budget line): preview now, commit when it pauses."""
-        self.set_budget(budget_bytes)
-        self._debounce.start()
-
     def _on_slider(self, _value: int) -> None:
-        if self._syncing:
-            return
-        budget = self._budget = self.slider_bytes()
-        self._syncing = True
-        try:
-            self.spin.setValue(budget / GIB)
-        finally:
-            self._syncing = False
-        self.budgetPreview.emit(budget)
+        self.session.set_budget(self.slider_bytes(), final=False)
         self._debounce.start()
 
     def _commit(self) -> None:
         self._debounce.stop()
-        if not self._syncing:
-            self.budgetChanged.emit(self.budget_bytes())
+        self.session.set_budget(self.session.budget)
 
     def _on_spin(self, gib: float) -> None:
-        if self._syncing:
-            return
-        budget = round(gib * GIB)
-        self.set_budget(budget)
-        self.budgetPreview.emit(budget)
-        self.budgetChanged.emit(budget)
+        self.session.set_budget(round(gib * GIB))
 
     # -- prediction and Pareto chart -------------------------------------------------------------------------
     def show_prediction(self, peak_bytes: int, extra_ms: float, iteration_ms: float, recomputed: int,
@@ -175,6 +176,10 @@ class BudgetPanel(QWidget):
         # the headline already says whether the budget is met: keep only what the reason adds
         for said in ("budget met", "budget not met"):
             reason = reason.removeprefix(said).lstrip(";, ")
+        # what followed it in parentheses ("budget met (mutwo's plan)") goes in the one pair around the detail
+        aside, close, rest = reason.partition(")")
+        if reason.startswith("(") and close:
+            reason = aside[1:] + rest
         detail = f" ({reason})" if reason else ""
         self.status_label.setText(f'<span style="color:{colour}"><b>{text}</b></span>{detail}')
 
@@ -209,6 +214,17 @@ class BudgetPanel(QWidget):
         cache_pixmaps(curve.curve, curve.scatter)
         self.others[solver] = curve
 
+    def _on_other_solvers(self, rows: list[dict]) -> None:
+        """Other solvers' operating points. Rows without a peak are notes for the curious (a solver that was
+        skipped, and why): they go to the chart's tooltip."""
+        df = pd.DataFrame(rows)
+        if "peak_bytes" not in df.columns:
+            return
+        for solver, points in df.dropna(subset=["peak_bytes", "extra_ms"]).groupby("solver"):
+            self.set_other(str(solver), points["extra_ms"].to_numpy(), points["peak_bytes"].to_numpy())
+        notes = df[df["peak_bytes"].isna()] if "note" in df.columns else df.iloc[:0]
+        self.set_notes([f"{row['solver']}: {row['note']}" for _, row in notes.iterrows()])
+
     def set_notes(self, notes: list[str]) -> None:
         """Remarks about the chart (solvers left out, and why), shown as its tooltip."""
         self.pareto.setToolTip("\n".join(notes))
@@ -223,6 +239,3 @@ class BudgetPanel(QWidget):
 
     def set_measured(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:
         self.measured.setData(np.asarray(extra_ms, dtype=float), np.asarray(peak_bytes, dtype=float) / GIB)
-
-    def set_current(self, extra_ms: float, peak_bytes: int) -> None:
-        self.current.setData([float(extra_ms)], [peak_bytes / GIB])

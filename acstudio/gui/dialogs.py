@@ -1,4 +1,5 @@
-"""Dialogs: new profile, benchmark results, and the message sink used for every error the user sees.
+"""Dialogs: new profile, benchmark results, the recent files, and the message sink used for every error the user
+sees.
 
 Nothing here blocks the event loop except the dialogs' own ``exec``; the main window never opens a modal
 box directly but goes through :class:`Messages`, which tests replace with a recorder.
@@ -6,9 +7,12 @@ box directly but goes through :class:`Messages`, which tests replace with a reco
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pandas as pd
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -22,6 +26,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QListWidgetItem,
+    QMenu,
     QMessageBox,
     QPushButton,
     QSpinBox,
@@ -32,6 +37,8 @@ from PySide6.QtWidgets import (
 
 from acstudio.errors import ACStudioError
 from acstudio.gui.models import DataFrameModel, FilterProxy
+
+MAX_RECENT = 8
 
 
 class Messages:
@@ -48,6 +55,36 @@ class Messages:
 
     def info(self, title: str, message: str) -> None:
         QMessageBox.information(self.parent, title, message)
+
+
+class RecentFiles:
+    """The files opened or saved last, kept in ``settings`` and listed in ``menu`` (a click opens one)."""
+
+    def __init__(self, settings: QSettings, menu: QMenu, open_path: Callable[[str], None]) -> None:
+        self.settings, self.menu, self.open_path = settings, menu, open_path
+        self._update_menu()
+
+    def paths(self) -> list[str]:
+        value = self.settings.value("recent_files", [])
+        if isinstance(value, str):  # QSettings returns a bare string for one-element lists
+            value = [value]
+        return [str(v) for v in value or []]
+
+    def add(self, path: str) -> None:
+        recent = [p for p in self.paths() if p != path]
+        self.settings.setValue("recent_files", [path, *recent][:MAX_RECENT])
+        self.settings.setValue("last_dir", str(Path(path).parent))
+        self._update_menu()
+
+    def last_dir(self) -> str:
+        return str(self.settings.value("last_dir", ""))
+
+    def _update_menu(self) -> None:
+        self.menu.clear()
+        for path in self.paths():
+            action = self.menu.addAction(path)
+            action.triggered.connect(lambda _checked=False, p=path: self.open_path(p))
+        self.menu.setEnabled(bool(self.paths()))
 
 
 def lay_out_form(dialog: QDialog, form: QFormLayout, ok_text: str, *below: QWidget) -> None:
@@ -293,3 +330,44 @@ class TableDialog(QDialog):
         close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         close.rejected.connect(self.reject)
         layout.addWidget(close)
+
+
+BENCH_COLUMNS = ("batch_size", "config", "status", "peak_mib", "time_ms_median", "time_ms_iqr", "overhead_pct",
+                 "memory_saving_pct", "message")
+
+
+def bench_results_dialog(results: pd.DataFrame, parent: QWidget) -> TableDialog:
+    """Benchmark results as a table with a plot of peak against time."""
+    columns = [c for c in BENCH_COLUMNS if c in results.columns]
+    return TableDialog("Benchmark results", results[columns], ("peak_mib", "time_ms_median"), parent)
+
+
+class EnvironmentProbe:
+    """The models and devices the dialogs offer, asked once of a child process (``runner``'s job) and handed to
+    every dialog that waits for them."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.environment: dict | None = None
+        self._waiting: list[NewProfileDialog | BenchDialog] = []
+        runner.resultReady.connect(self._on_environment)
+
+    def devices(self) -> list[tuple[str, str]]:
+        return [tuple(d) for d in (self.environment or {}).get("devices", [])]
+
+    def give(self, dialog: NewProfileDialog | BenchDialog) -> None:
+        """Give ``dialog`` the models and devices now, or when the (one) probe process answers."""
+        if self.environment is not None:
+            dialog.set_environment(self.environment)
+            return
+        self._waiting.append(dialog)
+        if not self.runner.busy:
+            from acstudio.views.child import probe_environment
+
+            self.runner.submit(probe_environment)
+
+    def _on_environment(self, env: dict) -> None:
+        self.environment = env
+        for dialog in self._waiting:
+            dialog.set_environment(env)
+        self._waiting = []

@@ -1,6 +1,6 @@
 """Node graph view: modules top to bottom, expanded in place, coloured by what the plan does to them.
 
-Bound to the :class:`~acstudio.gui.session.Session` like napari's ``QtDims(dims)``: it draws the session's
+Bound to the :class:`~acstudio.views.session.Session` like napari's ``QtDims(dims)``: it draws the session's
 module tree when a profile loads, recolours on every plan, outlines the session's selection and the timeline
 span, and tells the session what the user clicked. Click a module to expand it, click an expanded module's
 frame to collapse it, click an op to select it.
@@ -234,10 +234,10 @@ class GraphView(QWidget):
         self._colours = np.zeros(0, dtype=np.int64)
         self._inserted = np.zeros(0, dtype=bool)
         self.notice = ""
-        session.loadedChanged.connect(lambda loaded: self.set_tree(loaded.tree, loaded.first_graph))
-        session.planChanged.connect(lambda state: self.recolour(session.graph_decisions(state)))
-        session.selectionChanged.connect(self.select_node)
-        session.spanChanged.connect(self.show_span)
+        session.events.loaded.connect(lambda loaded: self.set_tree(loaded.tree, loaded.first_graph))
+        session.events.plan.connect(lambda state: self.recolour(session.graph_decisions(state)))
+        session.events.selection.connect(self.select_node)
+        session.events.span.connect(self.show_span)
 
     @property
     def regions(self) -> tuple[str, ...]:

@@ -1,17 +1,18 @@
 """Memory timeline: simulated memory over the step (time or execution order), stacked by category, with the
 budget as a draggable line, the selected activation's lifetime and a span that selects what is alive in it.
 
-Bound to the :class:`~acstudio.gui.session.Session` (napari's ``QtDims(dims)`` style): it follows the loaded
-profile, the current plan and the selection, and sends clicks and spans back to the session. Curves are created
-once per profile and updated with ``setData`` on every plan change; the plan's stacked categories are drawn as
-cumulative curves, each filled down to zero, top category first so the lower ones paint over it.
+Bound to the :class:`~acstudio.views.session.Session` (napari's ``QtDims(dims)`` style): it follows the loaded
+profile, the budget, the current plan and the selection, and sends clicks, spans and budget-line drags back to the
+session. Curves are created once per profile and updated with ``setData`` on every plan change; the plan's stacked
+categories are drawn as cumulative curves, each filled down to zero, top category first so the lower ones paint
+over it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, Signal
+from PySide6.QtCore import QPointF, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QTransform
 from PySide6.QtWidgets import (
     QComboBox,
@@ -27,9 +28,11 @@ from PySide6.QtWidgets import (
 from acstudio.profile.model import Profile
 from acstudio.simulate import TIMELINE_CATEGORIES
 from acstudio.units import format_bytes
+from acstudio.views.session import Session
 from acstudio.views.timeline import AXES, TimelineAxis, lifetime_marks
 
 GIB = float(2**30)
+DRAG_COMMIT_MS = 40  # a budget-line drag is planned for once it pauses this long (as the budget slider is)
 MAX_POINTS = 1600  # points drawn per curve: about one per pixel column; more only slows the fill down
 CATEGORY_COLOURS = {
     "parameter": (120, 120, 130),
@@ -104,12 +107,11 @@ def region_spans(profile: Profile) -> list[tuple[str, int, int]]:
 
 
 class TimelineView(QWidget):
-    """The timeline plot bound to ``session``. ``budgetDragged`` fires while the budget line is dragged (bytes)."""
+    """The timeline plot bound to ``session``. ``nodeClicked`` fires for a click on the plot (node id)."""
 
-    budgetDragged = Signal(object)  # bytes (may exceed 32 bits)
     nodeClicked = Signal(str)
 
-    def __init__(self, session, parent: QWidget | None = None) -> None:
+    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
         self.plot = pg.PlotWidget(background="w")
@@ -164,6 +166,11 @@ class TimelineView(QWidget):
                                            labelOpts={"position": 0.9, "color": (200, 0, 0), "movable": True})
         self.budget_line.setZValue(40)
         self.budget_line.sigPositionChanged.connect(self._on_line_moved)
+        self.budget_line.sigPositionChangeFinished.connect(lambda _line: self._commit_budget())
+        self._drag_commit = QTimer(self)
+        self._drag_commit.setSingleShot(True)
+        self._drag_commit.setInterval(DRAG_COMMIT_MS)
+        self._drag_commit.timeout.connect(self._commit_budget)
         item.addItem(self.budget_line)
         self.cursor = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen((0, 0, 0), width=1))
         self.cursor.setZValue(41)
@@ -187,16 +194,24 @@ class TimelineView(QWidget):
         self._starts = np.zeros(0, dtype=np.int64)
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self._timeline: tuple[np.ndarray, int, int] | None = None
-        self._syncing = False
         self._live: np.ndarray | None = None
         self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
         self.plot.scene().sigMouseClicked.connect(self._on_click)
         self.nodeClicked.connect(session.select)
-        session.loadedChanged.connect(
-            lambda loaded: self.set_profile(loaded.profile, loaded.baseline.timeline.sum(axis=1), session.floor_bytes))
-        session.planChanged.connect(self._on_plan)
-        session.simulated.connect(self._on_plan)
-        session.selectionChanged.connect(lambda _node: self.show_selection())
+        session.events.loaded.connect(lambda _loaded: self.show_session())
+        session.events.budget.connect(self._show_budget)
+        session.events.plan.connect(self._on_plan)
+        session.events.selection.connect(lambda _node: self.show_selection())
+
+    def show_session(self) -> None:
+        """The session's profile, plan and budget (on loading, and again after a live profiling curve)."""
+        loaded = self.session.loaded
+        if loaded is None:
+            return
+        self.set_profile(loaded.profile, loaded.baseline.timeline.sum(axis=1), self.session.floor_bytes)
+        if self.session.state is not None:
+            self._on_plan(self.session.state)
+        self._show_budget(self.session.budget)
 
     # -- data ------------------------------------------------------------------------------------------------
     def set_profile(self, profile: Profile, baseline_total: np.ndarray, floor_bytes: int) -> None:
@@ -317,12 +332,15 @@ class TimelineView(QWidget):
         """Top of the shown stack, bytes per node (the drawing is its per-bin maximum)."""
         return self._cum[:, -1] * GIB if len(self._cum) else np.zeros(0)
 
-    def set_budget(self, budget_bytes: int) -> None:
-        self._syncing = True
-        try:
-            self.budget_line.setValue(budget_bytes / GIB)
-        finally:
-            self._syncing = False
+    def _show_budget(self, budget_bytes: int) -> None:
+        # the line announces its move; _on_line_moved sees the session's own budget and says nothing back
+        self.budget_line.setValue(budget_bytes / GIB)
+
+    def _line_value(self, budget_bytes: int) -> float:
+        """Where the line shows ``budget_bytes``: there, or at its nearer bound."""
+        lo, hi = self.budget_line.maxRange
+        value = budget_bytes / GIB  # exact: a division by a power of two
+        return min(max(value, lo if lo is not None else value), hi if hi is not None else value)
 
     def set_cursor(self, node_id: str) -> None:
         if self._profile is None or self.axis is None or node_id not in self._profile.node_index:
@@ -396,8 +414,15 @@ class TimelineView(QWidget):
 
     # -- interaction -----------------------------------------------------------------------------------------
     def _on_line_moved(self, line: pg.InfiniteLine) -> None:
-        if not self._syncing:
-            self.budgetDragged.emit(round(line.value() * GIB))
+        """A drag shows its budget everywhere at once and plans for it when it pauses; the line showing the
+        session's own budget is not a move."""
+        if line.value() != self._line_value(self.session.budget):
+            self.session.set_budget(round(line.value() * GIB), final=False)
+            self._drag_commit.start()
+
+    def _commit_budget(self) -> None:
+        self._drag_commit.stop()
+        self.session.set_budget(self.session.budget)
 
     def _node_at(self, scene_pos: QPointF) -> int | None:
         if self._profile is None or self.axis is None or not self.plot.sceneBoundingRect().contains(scene_pos):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 CURVE_MIN_POINTS = 4  # a solver with at least this many distinct operating points traces a curve
 
@@ -17,3 +18,17 @@ def pareto_shape(extra_ms, peak_bytes) -> tuple[np.ndarray, np.ndarray, bool]:
     points = np.stack([np.asarray(extra_ms, float), np.asarray(peak_bytes, float)], axis=1)
     points = np.unique(np.round(points, 6), axis=0) if len(points) else points.reshape(0, 2)
     return points[:, 0], points[:, 1], len(points) >= CURVE_MIN_POINTS
+
+
+def measured_points(results: pd.DataFrame, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Benchmarked operating points for the Pareto chart, (extra ms, peak bytes): the captured step at no extra
+    time, then each rewritten plan's time over it. ``None`` when the benchmark of ``batch_size`` lacks either."""
+    ok = results[(results["status"] == "ok") & (results["batch_size"] == batch_size)]
+    captured = ok[ok["config"] == "captured"]
+    rewritten = ok[ok["kind"] == "rewritten"]
+    if not (len(captured) and len(rewritten)):
+        return None
+    base = float(captured["time_ms_median"].iloc[0])
+    extra = np.concatenate([[0.0], rewritten["time_ms_median"].to_numpy(float) - base])
+    peaks = np.concatenate([captured["peak_bytes"].to_numpy(float), rewritten["peak_bytes"].to_numpy(float)])
+    return extra, peaks

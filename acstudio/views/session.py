@@ -1,0 +1,329 @@
+"""The session: what the app shows (the loaded profile, budget, solver, current plan, selection and span), as one
+Qt-free model that raises plain events (napari's ``EventedModel`` idea, without pydantic).
+
+Every view takes the session, draws itself from its state, follows its events, and writes what the user does
+back to it, never to another view. The session never learns about Qt: background work goes through the
+:class:`Jobs` it is given (a thread per job name in the app, :class:`InlineJobs` in scripts and tests).
+
+A budget is answered in two moves, each made once:
+
+1. at once, a *preview* read off μ-TWO's precomputed trajectory when the solver answers instantly: the recompute
+   set, predicted peak, extra time and the decision of every activation (a lookup, microseconds, neither a solve
+   nor a simulation), so a slider step costs one repaint;
+2. when the budget rests, *one* background job makes the plan and simulates its timeline: for a solver that
+   answers instantly, μ-TWO's best plan for the budget (the preview, or its shared-chain form where that is
+   faster: tens of simulations, a tenth of a second, too slow for every slider step); for another solver, its
+   own plan. A newer budget supersedes the job (newest wins), so a drag costs one plan, for where it stops.
+   Complete plans are cached per solver and budget, so going back to a budget is instant.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from acstudio.errors import ACStudioError, Cancelled
+from acstudio.jobs import CancelToken, check
+from acstudio.plan.model import Plan
+from acstudio.plan.solvers import SOLVERS
+from acstudio.simulate.modes import simulate_plan
+from acstudio.simulate.simulator import SimResult
+from acstudio.views.documents import Loaded
+from acstudio.views.pareto import measured_points
+from acstudio.views.tables import Decisions, alive_in_span, back_in_memory_at, graph_decisions, table_columns
+
+PLAN_JOB = "plan"
+PLAN_AT_REST_MS = 150  # a previewed budget is solved once it rests this long: a drag does not solve every pause
+SIMULATE_AFTER_MS = 10  # a plan without a preview is solved this long after the step, once it is painted
+CACHE_PLANS = 64  # complete plans kept (the timeline of a 13k-node graph is ~0.6 MB)
+# Solvers whose answer is read off μ-TWO's trajectory while the slider moves, and is μ-TWO's best plan when it
+# rests (auto's full answer also runs the shared-mode program, seconds per budget on BERT-size graphs: the chart's
+# auto curve comes from the sweep's child process instead).
+INSTANT = ("auto", "mutwo")
+DEFAULT_SOLVER = "auto"
+
+
+class Event:
+    """One kind of change: the callbacks connected to it are called in order with what changed."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[..., Any]] = []
+
+    def connect(self, callback: Callable[..., Any]) -> None:
+        self._callbacks.append(callback)
+
+    def disconnect(self, callback: Callable[..., Any]) -> None:
+        self._callbacks.remove(callback)
+
+    def emit(self, *args: Any) -> None:
+        for callback in list(self._callbacks):
+            callback(*args)
+
+    def clear(self) -> None:
+        self._callbacks.clear()
+
+
+@dataclass
+class SessionEvents:
+    """The session's events, one per thing that changes (napari: one per field)."""
+
+    loaded: Event = field(default_factory=Event)  # Loaded: a new profile (views reset)
+    budget: Event = field(default_factory=Event)  # bytes: the budget the views show (while dragging, too)
+    solver: Event = field(default_factory=Event)  # name
+    plan: Event = field(default_factory=Event)  # PlanState: a new current plan (``complete`` once simulated)
+    planning: Event = field(default_factory=Event)  # (solver, budget): a plan without a preview is being made
+    selection: Event = field(default_factory=Event)  # node id
+    span: Event = field(default_factory=Event)  # node indices holding the activations alive in the span
+    floor_note: Event = field(default_factory=Event)  # what sets the floor, in a sentence
+    other_solvers: Event = field(default_factory=Event)  # the sweep's rows: other solvers' operating points
+    measured: Event = field(default_factory=Event)  # (extra ms, peak bytes) of benchmarked plans
+    failed: Event = field(default_factory=Event)  # (message, details): planning failed
+
+    def disconnect_all(self) -> None:
+        for f in fields(self):
+            getattr(self, f.name).clear()
+
+
+class Jobs(Protocol):
+    """Runs a named background job ``fn(progress, cancel)``; a newer job of the same name supersedes it, and only
+    the newest one's ``on_result`` or ``on_error(message, details)`` is called, in the session's thread."""
+
+    busy: bool
+
+    def submit(self, name: str, fn: Callable, on_result: Callable[[Any], None],
+               on_error: Callable[[str, str], None], delay_ms: int = 0) -> None: ...
+
+    def cancel(self, name: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class InlineJobs:
+    """Runs every job at once in the caller's thread: the session without an event loop (scripts, tests)."""
+
+    busy = False
+
+    def submit(self, name: str, fn: Callable, on_result: Callable[[Any], None],
+               on_error: Callable[[str, str], None], delay_ms: int = 0) -> None:
+        try:
+            result = fn(None, CancelToken())
+        except Cancelled:
+            return
+        except ACStudioError as exc:
+            on_error(str(exc), "")
+            return
+        on_result(result)
+
+    def cancel(self, name: str) -> None:
+        """Nothing runs in the background: there is nothing to cancel."""
+
+    def shutdown(self) -> None:
+        """Nothing runs in the background: there is nothing to stop."""
+
+
+@dataclass
+class PlanState:
+    """The current plan, its decision per activation, and its simulated timeline (``None`` for a preview)."""
+
+    plan: Plan
+    sim: SimResult | None
+    decisions: dict[str, str]
+
+    @property
+    def complete(self) -> bool:
+        return self.sim is not None
+
+
+def solve_and_simulate(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None
+                       ) -> tuple[Plan, SimResult]:
+    """The plan job of a solver without a preview: its plan for ``budget`` and its timeline, each made once."""
+    plan = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
+    check(cancel)
+    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+
+
+def refine_and_simulate(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult]:
+    """The plan job after a preview: μ-TWO's best plan for ``budget`` (the preview's steps, or a prefix of them
+    replayed as shared chains where that is faster) and its timeline, each made once."""
+    plan = loaded.trajectory.best_plan_for_budget(budget)
+    check(cancel)
+    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+
+
+def simulate(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
+    """The job for a plan opened from a file: its timeline."""
+    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+
+
+class Session:
+    """The app's one model. Read its attributes; change it through its methods; follow it through ``events``."""
+
+    def __init__(self, jobs: Jobs | None = None) -> None:
+        self.events = SessionEvents()
+        self.jobs: Jobs = jobs if jobs is not None else InlineJobs()
+        self.loaded: Loaded | None = None
+        self.state: PlanState | None = None
+        self.solver = DEFAULT_SOLVER
+        self.budget = 0  # bytes, exact: the slider shows it at its resolution, a line drag sets it to the byte
+        self.selected = ""
+        self.selected_activation = ""
+        self.span_activations = np.zeros(0, dtype=bool)  # per activation: alive in the selected span
+        self._request: tuple[str, int] | None = None  # (solver, budget) the current plan answers
+        self._plans: OrderedDict[tuple[str, int], tuple[Plan, SimResult]] = OrderedDict()
+
+    # -- profile ---------------------------------------------------------------------------------------------
+    def set_loaded(self, loaded: Loaded) -> None:
+        """Show a new profile, planned with the default solver for a budget halfway between floor and peak."""
+        self.jobs.cancel(PLAN_JOB)
+        self.loaded = loaded
+        self.state = None
+        self.budget = 0  # the opening budget is news to every view, even if the last profile had it too
+        self._request = None
+        self._plans.clear()
+        self.selected = self.selected_activation = ""
+        self.span_activations = np.zeros(len(loaded.acts.bytes), dtype=bool)
+        self.events.loaded.emit(loaded)
+        floor, top = self.floor_bytes, self.baseline_bytes
+        self.solver = DEFAULT_SOLVER
+        self.events.solver.emit(self.solver)
+        self.set_budget(top if floor >= top else (floor + top) // 2)
+
+    @property
+    def floor_bytes(self) -> int:
+        return self.loaded.ctx.floor_bytes
+
+    @property
+    def baseline_bytes(self) -> int:
+        return self.loaded.simulator.baseline_peak
+
+    def set_floor_note(self, path: str, note: str) -> None:
+        """What sets the floor of the profile at ``path`` (worked out in a child process, after opening)."""
+        if self.loaded is not None and self.loaded.path == path:
+            self.loaded.floor_note = note
+            self.events.floor_note.emit(note)
+
+    def show_other_solvers(self, path: str, rows: list[dict]) -> None:
+        """The sweep's rows for the profile at ``path``: other solvers' operating points on the Pareto chart."""
+        if self.loaded is not None and self.loaded.path == path:
+            self.events.other_solvers.emit(rows)
+
+    def show_measured(self, results: pd.DataFrame) -> None:
+        """Benchmark ``results`` of the open profile's workload: those of its batch size are operating points."""
+        points = measured_points(results, self.loaded.profile.workload["batch_size"])
+        if points is not None:
+            self.events.measured.emit(*points)
+
+    # -- budget, solver, plans -------------------------------------------------------------------------------
+    def set_budget(self, budget: int, *, final: bool = True) -> None:
+        """Show ``budget``; plan for it unless the user is still moving it (``final=False``)."""
+        if self.loaded is None:
+            return
+        budget = int(budget)
+        if budget != self.budget:
+            self.budget = budget
+            self.events.budget.emit(budget)
+        if final:
+            self._plan()
+
+    def set_solver(self, solver: str) -> None:
+        if solver == self.solver:
+            return
+        self.solver = solver
+        self.events.solver.emit(solver)
+        if self.loaded is not None:
+            self._plan()
+
+    def _plan(self) -> None:
+        """Plan once for the current solver and budget: from the cache, or a preview now and one job later."""
+        request = (self.solver, self.budget)
+        if request == self._request:
+            return
+        self._request = request
+        self.jobs.cancel(PLAN_JOB)
+        cached = self._plans.get(request)
+        if cached is not None:
+            self._plans.move_to_end(request)
+            self._show(*cached)
+            return
+        if self.solver in INSTANT:
+            self._show(self.loaded.trajectory.plan_for_budget(self.budget), None)
+            job, delay = partial(refine_and_simulate, self.loaded, self.budget), PLAN_AT_REST_MS
+        else:
+            self.events.planning.emit(self.solver, self.budget)
+            job, delay = partial(solve_and_simulate, self.loaded, self.budget, self.solver), SIMULATE_AFTER_MS
+        self.jobs.submit(PLAN_JOB, job, partial(self._on_planned, request), self.events.failed.emit, delay_ms=delay)
+
+    def _on_planned(self, request: tuple[str, int], result: tuple[Plan, SimResult]) -> None:
+        self._plans[request] = result
+        while len(self._plans) > CACHE_PLANS:
+            self._plans.popitem(last=False)
+        self._show(*result)
+
+    def show_plan(self, plan: Plan) -> None:
+        """Make ``plan`` (opened from a file) the current one: its solver and budget follow, its timeline is
+        simulated in the background."""
+        plan.check_profile(self.loaded.profile)
+        self.jobs.cancel(PLAN_JOB)
+        if plan.solver != self.solver:
+            self.solver = plan.solver
+            self.events.solver.emit(plan.solver)
+        self.set_budget(plan.budget_bytes, final=False)
+        self._request = (plan.solver, plan.budget_bytes)
+        self._show(plan, None)
+        self.jobs.submit(PLAN_JOB, partial(simulate, self.loaded, plan), lambda result: self._show(*result),
+                         self.events.failed.emit, delay_ms=SIMULATE_AFTER_MS)
+
+    def _show(self, plan: Plan, sim: SimResult | None) -> None:
+        self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile))
+        self.events.plan.emit(self.state)
+
+    @property
+    def busy(self) -> bool:
+        """A plan is being made or simulated, or is about to be."""
+        return self.jobs.busy
+
+    # -- selection -------------------------------------------------------------------------------------------
+    def select(self, node_id: str, activation: str = "") -> None:
+        """Select a node and one of its activations (by default the first it makes, if any)."""
+        if self.loaded is None or node_id not in self.loaded.profile.node_index:
+            return
+        if not activation:
+            activation = next((a.id for a in self.loaded.profile.activations if a.created_at == node_id), "")
+        if (node_id, activation) == (self.selected, self.selected_activation):
+            return
+        self.selected, self.selected_activation = node_id, activation
+        self.events.selection.emit(node_id)
+
+    def select_span(self, first: int, last: int) -> None:
+        """Select the nodes ``first..last`` of the timeline: the activations alive there under the current plan
+        (an empty span clears the selection)."""
+        if self.loaded is None or self.state is None:
+            return
+        acts = self.loaded.acts
+        if last < first:
+            self.span_activations = np.zeros(len(acts.bytes), dtype=bool)
+        else:
+            back = back_in_memory_at(self.loaded.profile, acts, self.state.plan)
+            self.span_activations = alive_in_span(acts, back, first, last)
+        alive = self.span_activations
+        self.events.span.emit(np.concatenate([acts.created[alive], acts.first_bw[alive]]))
+
+    # -- derived views ---------------------------------------------------------------------------------------
+    def graph_decisions(self, state: PlanState) -> Decisions:
+        """Per-node arrays for the graph colours."""
+        return graph_decisions(self.loaded.profile, self.loaded.acts, state.plan)
+
+    def table_columns(self, state: PlanState) -> dict[str, np.ndarray]:
+        """The activation table's plan columns for ``state``."""
+        return table_columns(self.loaded.acts, state.plan)
+
+    def shutdown(self) -> None:
+        """Stop the background jobs and forget the views (the window is closing)."""
+        self.jobs.shutdown()
+        self.events.disconnect_all()
