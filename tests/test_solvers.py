@@ -7,9 +7,9 @@ import pytest
 from test_simulator import random_profile
 
 from acstudio.errors import ACStudioError
-from acstudio.plan.baselines import REAL_MODES
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import KNOWN, SOLVERS, plan, sweep
+from acstudio.plan.solvers import SOLVERS, plan, sweep
+from acstudio.plan.solvers.registry import auto_solvers
 from acstudio.simulate.modes import REPLAY_MODES, get_mode, simulate_plan
 
 
@@ -35,7 +35,7 @@ def test_auto_is_never_dominated(seed):
         # What auto returns is what its mode really costs.
         sim = simulate_plan(ctx.sim, best.recomputed, best.replay_mode)
         assert (sim.peak_bytes, sim.extra_ms) == (best.predicted_peak_bytes, pytest.approx(best.predicted_extra_ms))
-        for name in KNOWN:
+        for name in auto_solvers():
             other = plan(p, int(budget), name, ctx=ctx)
             assert other.floor_bytes >= best.floor_bytes
             if other.feasible:
@@ -50,7 +50,7 @@ def test_sweep_auto_is_the_lower_envelope():
     assert auto.peak_bytes.is_monotonic_increasing and auto.extra_ms.is_monotonic_decreasing
     others = table[table.solver.isin(["mutwo", "per-module", "sqrt-n", "recompute-all", "keep-all"])]
     for _, row in others.iterrows():  # every point auto knows has an auto point at or below it
-        if row.solver == "mutwo" or row.replay_mode in REAL_MODES[row.solver]:
+        if row.solver == "mutwo" or row.replay_mode in SOLVERS[row.solver].real_modes:
             below = auto[auto.peak_bytes <= row.peak_bytes]
             assert len(below) and below.extra_ms.min() <= row.extra_ms + 1e-9
 
@@ -72,7 +72,7 @@ def test_peak_report_adds_up_to_the_predicted_peak():
 def test_auto_takes_the_shared_chain_programs_set_when_it_is_faster(monkeypatch):
     """With its program on, auto is never slower than without it nor than the program's own set, and somewhere
     the program finds a plan every other solver misses."""
-    from acstudio.plan.milp import shared_bound
+    from acstudio.plan.solvers.milp import shared_bound
 
     wins = 0
     for seed in range(6):

@@ -50,7 +50,7 @@ from acstudio.gui.session import Loaded, PlanState, Session, open_document, prep
 from acstudio.gui.timeline import TimelineView
 from acstudio.plan.model import Plan
 from acstudio.plan.peak import explain_peak
-from acstudio.plan.solvers import SOLVERS
+from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
 from acstudio.units import format_bytes
@@ -373,9 +373,9 @@ class MainWindow(QMainWindow):
         self.budget.clear_others()
         self.budget.setEnabled(True)
         self.budget.solver.blockSignals(True)  # one plan for the opening budget, not one for the solver too
-        self.budget.solver.setCurrentText("auto")
+        self.budget.solver.setCurrentText(DEFAULT_SOLVER)
         self.budget.solver.blockSignals(False)
-        self.session.solver = "auto"
+        self.session.solver = DEFAULT_SOLVER
         self._show_html(self._profile_html(loaded))
         self.set_budget(top if floor >= top else (floor + top) // 2)
         self._update_actions()

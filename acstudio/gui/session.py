@@ -24,11 +24,10 @@ from acstudio.errors import ACStudioError, WrongSchemaError
 from acstudio.gui.jobs import JobRunner
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import Trajectory
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import SOLVERS, trajectory
+from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS, TRAJECTORY_SOLVER, trajectory
+from acstudio.plan.solvers.mutwo import Trajectory
 from acstudio.profile.model import Profile
-from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import SimResult, Simulator
 from acstudio.views.graph_layout import DEFAULT_PASS, SHOWN_REGIONS, ModuleTree, laid_out
 from acstudio.views.tables import (
@@ -47,8 +46,6 @@ if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark fi
 FASTER_PLAN_DELAY_MS = 300  # budget at rest this long before the shared-chain search runs
 SIMULATE_AFTER_MS = 10  # a new plan's timeline is simulated this long after the step, once it is painted
 CACHE_PLANS = 64  # simulated timelines kept (one of a 13k-node graph is ~0.6 MB)
-# Solvers whose quick answer is read off μ-TWO's trajectory while the slider moves, refined when it rests.
-INSTANT = ("auto", "mutwo")
 
 
 @dataclass
@@ -138,13 +135,13 @@ def check_same_workload(results: BenchResults, profile: Profile) -> None:
 
 
 def simulated(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
-    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+    return plan, loaded.ctx.simulation(plan)
 
 
 def solver_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None) -> tuple[Plan, SimResult]:
     result = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
     check(cancel)
-    return result, simulate_plan(loaded.simulator, result.recomputed, result.replay_mode)
+    return result, loaded.ctx.simulation(result)
 
 
 def faster_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=None
@@ -156,7 +153,7 @@ def faster_plan(loaded: Loaded, budget: int, solver: str, progress=None, cancel=
     quick = loaded.trajectory.plan_for_budget(budget)
     if best.recomputed == quick.recomputed and best.replay_mode == quick.replay_mode:
         return None
-    return best, simulate_plan(loaded.simulator, best.recomputed, best.replay_mode)
+    return best, loaded.ctx.simulation(best)
 
 
 class Session(QObject):
@@ -173,7 +170,7 @@ class Session(QObject):
         super().__init__(parent)
         self.loaded: Loaded | None = None
         self.state: PlanState | None = None
-        self.solver = "auto"
+        self.solver = DEFAULT_SOLVER
         self.selected = ""
         self.selected_activation = ""
         self.span_activations = np.zeros(0, dtype=bool)  # per activation: alive in the selected span
@@ -223,11 +220,11 @@ class Session(QObject):
 
     # -- plans -----------------------------------------------------------------------------------------------
     def set_budget(self, budget: int) -> PlanState | None:
-        """Plan for ``budget``: for :data:`INSTANT` solvers μ-TWO's plan is read off the trajectory at once (its
-        timeline follows through a second ``planChanged``) and the solver's own plan replaces it when the budget
-        rests; other solvers plan from scratch in the background and report only then."""
+        """Plan for ``budget``: for an instant solver (``Solver.instant``) μ-TWO's plan is read off the trajectory
+        at once (its timeline follows through a second ``planChanged``) and the solver's own plan replaces it when
+        the budget rests; other solvers plan from scratch in the background and report only then."""
         loaded = self.loaded
-        if self.solver not in INSTANT:
+        if not SOLVERS[self.solver].instant:
             self._faster_timer.stop()
             self.faster_runner.cancel()
             self.plan_runner.submit(partial(solver_plan, loaded, budget, self.solver))
@@ -238,13 +235,13 @@ class Session(QObject):
         return self.state
 
     def _search_faster(self) -> None:
-        if self.loaded is not None and self.state is not None and self.state.plan.solver == "mutwo":
+        if self.loaded is not None and self.state is not None and self.state.plan.solver == TRAJECTORY_SOLVER:
             self.faster_runner.submit(partial(faster_plan, self.loaded, self.state.plan.budget_bytes, self.solver))
 
     def _on_faster(self, result: tuple[Plan, SimResult] | None) -> None:
         """Replace the quick answer by the solver's own plan if the user is still at that budget."""
         current = self.state.plan if self.state is not None else None
-        if result is None or current is None or current.solver != "mutwo":
+        if result is None or current is None or current.solver != TRAJECTORY_SOLVER:
             return
         plan, sim = result
         if plan.budget_bytes != current.budget_bytes or (plan.feasible, -plan.predicted_extra_ms) <= (
