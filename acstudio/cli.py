@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 import os
 import shlex
 import sys
@@ -435,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         args.cancel.cancel()
         print("\ncancelled", file=sys.stderr)
+        gc.freeze()  # exit at once: the interpreter's last collection would walk every object a large plan made
         return 130
     except Cancelled as exc:
         print(f"acstudio: {exc}", file=sys.stderr)
