@@ -169,8 +169,12 @@ def test_a_cancel_or_ctrl_c_stops_a_program_at_once():
     from acstudio.jobs import CancelToken
     from acstudio.plan.solvers.milp import interruptible
 
-    def slow_program():  # releases the GIL as HiGHS does while it solves
-        time.sleep(5)
+    finish = threading.Event()
+    ran = []
+
+    def slow_program():  # waits without the GIL, as HiGHS solves, until the test lets it finish
+        ran.append(1)
+        finish.wait(10)
         return "solved"
 
     assert interruptible(lambda: "solved", None) == "solved"
@@ -182,8 +186,15 @@ def test_a_cancel_or_ctrl_c_stops_a_program_at_once():
     assert time.perf_counter() - start < 1.0
     threading.Timer(0.1, _thread.interrupt_main).start()
     start = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # while the cancelled program still runs, this one waits for it
         interruptible(slow_program, None)
     assert time.perf_counter() - start < 1.0
+    with pytest.raises(Cancelled):  # cancelled before its turn: never run
+        interruptible(slow_program, cancel)
+    finish.set()
     with pytest.raises(ZeroDivisionError):  # what the program raises reaches the caller
         interruptible(lambda: 1 / 0, None)
+    for worker in threading.enumerate():
+        if worker.name == "HiGHS":
+            worker.join(5)
+    assert len(ran) == 2  # the one cancelled while it waited for its turn never ran

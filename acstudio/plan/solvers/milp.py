@@ -131,6 +131,9 @@ class _Program:
 
 
 CANCEL_POLL_S = 0.05  # how often a caller waiting on HiGHS looks at its cancel token (and takes Ctrl-C)
+# One program at a time, as when the caller's own thread ran it: a program whose caller was cancelled runs on to its
+# time limit, and the next one waits for it (its caller stays cancellable meanwhile).
+_ONE_PROGRAM = threading.Lock()
 
 
 def interruptible(solve: Callable[[], Any], cancel: CancelToken | None):
@@ -143,10 +146,13 @@ def interruptible(solve: Callable[[], Any], cancel: CancelToken | None):
     outcome: dict[str, Any] = {}
 
     def run() -> None:
-        try:
-            outcome["result"] = solve()
-        except BaseException as exc:  # handed to the waiting caller, which raises it
-            outcome["error"] = exc
+        with _ONE_PROGRAM:
+            if cancel is not None and cancel.cancelled:
+                return  # cancelled while an earlier program ran: nobody waits for this one
+            try:
+                outcome["result"] = solve()
+            except BaseException as exc:  # handed to the waiting caller, which raises it
+                outcome["error"] = exc
 
     worker = threading.Thread(target=run, name="HiGHS", daemon=True)
     worker.start()
