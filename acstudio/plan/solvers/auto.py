@@ -37,8 +37,7 @@ def auto_program_seconds() -> float:
     return seconds
 
 
-@solver(NAME, "the fastest plan of every solver above that fits (never beaten by a plan it knows)",
-        draws_curve=True, instant=True)
+@solver(NAME, "the fastest plan of every solver above that fits (never beaten by a plan it knows)", instant=True)
 def solve_auto(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     return auto_plan(ctx, budget, cancel)
 

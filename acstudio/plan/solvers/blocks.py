@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acstudio.jobs import CancelToken, check
+from acstudio.jobs import CancelToken, ProgressFn, check
 from acstudio.plan import baselines
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers.mutwo import BASELINE_FITS
-from acstudio.plan.solvers.registry import solver
+from acstudio.plan.solvers.registry import CurvePoint, solver
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import FORWARD_REGIONS
 from acstudio.simulate.shared import shared_schedule
@@ -185,8 +185,14 @@ def block_search(ctx: PlanContext, cancel: CancelToken | None = None) -> BlockSe
     return ctx.cache[NAME]
 
 
+def blocks_curve(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+                 ) -> list[CurvePoint]:
+    """The search's states spread along its sequence, in shared chains."""
+    return [CurvePoint(peak, ms, n, MODE) for peak, ms, n in block_search(ctx, cancel).curve()]
+
+
 @solver(NAME, "shared-chain search over the repeated blocks: per-block checkpointing, then keep back what saves the "
-              "most time per byte", draws_curve=True, auto_order=1)
+              "most time per byte", curve=blocks_curve, auto_order=1)
 def solve_blocks(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     if ctx.sim.baseline_peak <= budget:
         return ctx.plan_for_set(NAME, budget, [], BASELINE_FITS)

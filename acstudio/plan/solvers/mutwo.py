@@ -28,7 +28,7 @@ import pandas as pd
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers.registry import solver
+from acstudio.plan.solvers.registry import CurvePoint, solver
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
@@ -319,7 +319,17 @@ def trajectory(ctx: PlanContext, progress: ProgressFn | None = None, cancel: Can
     return ctx.cache[NAME]
 
 
-@solver(NAME, "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster", draws_curve=True,
+def mutwo_curve(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+                ) -> list[CurvePoint]:
+    """Every step of the trajectory that lowers the peak, replaying chains again."""
+    points: list[CurvePoint] = []
+    for j, step in enumerate(trajectory(ctx, progress, cancel).steps):
+        if not points or step.simulated_peak_bytes < points[-1].peak_bytes:
+            points.append(CurvePoint(step.simulated_peak_bytes, step.extra_ms, j, "again"))
+    return points
+
+
+@solver(NAME, "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster", curve=mutwo_curve,
         instant=True, auto_order=0, kept_reason="kept: the budget was met before μ-TWO reached it")
 def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     if ctx.sim.baseline_peak <= budget:

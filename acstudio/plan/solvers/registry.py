@@ -11,7 +11,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from acstudio.errors import ACStudioError
+from acstudio.jobs import CancelToken, ProgressFn
 from acstudio.plan.model import Plan
+from acstudio.plan.schedule import PlanContext
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,28 @@ LOOKS: dict[str, Look] = {
 
 
 @dataclass(frozen=True)
+class CurvePoint:
+    """One operating point of a solver in a sweep: its plan's peak and extra time, priced in ``replay_mode``."""
+
+    peak_bytes: int
+    extra_ms: float
+    n_recomputed: int
+    replay_mode: str
+    in_auto: bool = True  # auto's envelope counts it (a baseline's point in a mode its counterpart never runs: no)
+    note: str = ""
+
+
+CurveFn = Callable[[PlanContext, "ProgressFn | None", "CancelToken | None"], list[CurvePoint]]
+
+
+@dataclass(frozen=True)
 class Solver:
     """A registered planner and its traits."""
 
     name: str
     summary: str
     solve: Callable[..., Plan]
-    draws_curve: bool = False  # its sweep rows trace a curve (it adapts to the budget), not a few fixed points
+    curve: CurveFn | None = None  # its operating points in a sweep, all at once (a program's come budget by budget)
     instant: bool = False  # the app answers a slider step at once off μ-TWO's trajectory, its own plan following
     exact: bool = False  # a mathematical program: seconds per budget, so a sweep solves it at a few budgets, last
     auto_order: int | None = None  # auto asks it, in this order (of equally good plans the first counts)

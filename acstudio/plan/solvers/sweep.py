@@ -12,11 +12,8 @@ from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import milp
 from acstudio.plan.solvers.auto import NAME as AUTO
 from acstudio.plan.solvers.auto import auto_plan
-from acstudio.plan.solvers.blocks import NAME as BLOCKS
-from acstudio.plan.solvers.blocks import block_search
 from acstudio.plan.solvers.milp_bound import NAME as MILP_BOUND
 from acstudio.plan.solvers.milp_bound import bounded_plan
-from acstudio.plan.solvers.mutwo import NAME as MUTWO
 from acstudio.plan.solvers.mutwo import Trajectory, trajectory
 from acstudio.plan.solvers.registry import SOLVERS, get_solver
 from acstudio.profile.model import Profile
@@ -28,57 +25,36 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
           ctx: PlanContext | None = None, milp_time_s: float = milp.SWEEP_MILP_TIME_LIMIT_S) -> pd.DataFrame:
     """Pareto table of every solver under the same simulator: one row per (solver, operating point).
 
-    μ-TWO contributes every trajectory step that lowers the peak (replaying chains again), the block search
-    states spread along its sequence (shared chains), the fixed baselines
-    one row per replay mode (their budget is their own peak; ``note`` marks the mode their real counterpart runs
-    in), ``auto`` the lower envelope of all those points, and at up to ``milp_points`` budgets taken from the μ-TWO
-    curve: ``milp``, the exact optimum in μ-TWO's mode (or, past its time limit, μ-TWO's plan and a lower bound),
-    with μ-TWO's optimality gap ``gap = mutwo_extra_ms / lower_bound_ms - 1`` (exact where ``optimal``), and
-    ``milp-bound``, a lower bound for every replay mode, with ``auto``'s gap at most ``gap_bound``.
+    Every solver with a :attr:`~acstudio.plan.solvers.registry.Solver.curve` contributes its points (μ-TWO every
+    trajectory step that lowers the peak, the block search states spread along its sequence, a fixed baseline one
+    row per replay mode: their budget is their own peak, ``note`` marks the mode their real counterpart runs in),
+    ``auto`` the lower envelope of the points of every solver it asks, and the exact programs theirs at up to
+    ``milp_points`` budgets taken from the μ-TWO curve: ``milp``, the exact optimum in μ-TWO's mode (or, past its
+    time limit, μ-TWO's plan and a lower bound), with μ-TWO's optimality gap
+    ``gap = mutwo_extra_ms / lower_bound_ms - 1`` (exact where ``optimal``), and ``milp-bound``, a lower bound for
+    every replay mode, with ``auto``'s gap at most ``gap_bound``.
     """
     ctx = ctx or PlanContext(profile, simulator)
     solvers = set(SOLVERS if solvers is None else solvers)
     programs = [name for name in solvers if get_solver(name).exact]
     rows = []
-
-    def row(solver: str, peak: int, extra_ms: float, n: int, mode: str, **extra) -> None:
-        rows.append({"solver": solver, "budget_bytes": peak, "peak_bytes": peak, "extra_ms": extra_ms,
-                     "n_recomputed": n, "replay_mode": mode, **extra})
-
-    traj = trajectory(ctx, progress, cancel) if {MUTWO, AUTO} & solvers or programs else None
-    points = []  # (peak, extra_ms, n, mode, solver) of everything auto knows
-    best = None
-    for j, step in enumerate(traj.steps if traj else ()):
-        if best is None or step.simulated_peak_bytes < best:
-            best = step.simulated_peak_bytes
-            points.append((best, step.extra_ms, j, "again", MUTWO))
-    for baseline in SOLVERS.values():
-        if baseline.fixed_set is None or not (baseline.name in solvers or (AUTO in solvers and baseline.runs_in_auto)):
+    envelope = []  # (peak, extra_ms, n, mode, solver) of every point auto knows
+    for s in SOLVERS.values():
+        if s.curve is None or not (s.name in solvers or (AUTO in solvers and s.runs_in_auto)):
             continue
         check(cancel)
-        real = baseline.real_modes
-        for mode in dict.fromkeys(("again", "shared", *real)):
-            p = ctx.plan_for_set(baseline.name, 0, baseline.fixed_set(ctx), mode=mode)
-            if baseline.name in solvers:
-                row(baseline.name, p.predicted_peak_bytes, p.predicted_extra_ms, len(p.recomputed), mode,
-                    note="how its real counterpart runs" if mode in real and len(real) == 1 else "")
-            if mode in real and baseline.runs_in_auto:  # auto is their envelope too
-                points.append((p.predicted_peak_bytes, p.predicted_extra_ms, len(p.recomputed), mode, baseline.name))
-            if not p.recomputed:
-                break  # keep-all: the same in every mode
-    if {BLOCKS, AUTO} & solvers:
-        for pk, ms, n in block_search(ctx, cancel).curve():
-            points.append((pk, ms, n, "shared", BLOCKS))
-            if BLOCKS in solvers:
-                row(BLOCKS, pk, ms, n, "shared")
-    if MUTWO in solvers:
-        rows[:0] = [{"solver": MUTWO, "budget_bytes": pk, "peak_bytes": pk, "extra_ms": ms, "n_recomputed": n,
-                     "replay_mode": mode} for pk, ms, n, mode, src in points if src == MUTWO]
+        points = s.curve(ctx, progress, cancel)
+        if s.name in solvers:
+            rows += [{"solver": s.name, "budget_bytes": p.peak_bytes, "peak_bytes": p.peak_bytes,
+                      "extra_ms": p.extra_ms, "n_recomputed": p.n_recomputed, "replay_mode": p.replay_mode,
+                      "note": p.note} for p in points]
+        if s.runs_in_auto:
+            envelope += [(p.peak_bytes, p.extra_ms, p.n_recomputed, p.replay_mode, s.name) for p in points if p.in_auto]
     if AUTO in solvers:
-        for pk, ms, n, mode, src in pareto_front(points):
-            row(AUTO, pk, ms, n, mode, note=f"{src}'s plan")
+        rows += [{"solver": AUTO, "budget_bytes": pk, "peak_bytes": pk, "extra_ms": ms, "n_recomputed": n,
+                  "replay_mode": mode, "note": f"{src}'s plan"} for pk, ms, n, mode, src in pareto_front(envelope)]
     if programs:
-        rows.extend(_program_rows(ctx, traj, milp_points, solvers, milp_time_s, cancel))
+        rows.extend(_program_rows(ctx, trajectory(ctx, progress, cancel), milp_points, solvers, milp_time_s, cancel))
     return pd.DataFrame(rows)
 
 
