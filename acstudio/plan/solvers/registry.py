@@ -52,7 +52,7 @@ class CurvePoint:
     note: str = ""
 
 
-CurveFn = Callable[[PlanContext, "ProgressFn | None", "CancelToken | None"], list[CurvePoint]]
+CurveFn = Callable[[PlanContext, ProgressFn | None, CancelToken | None], list[CurvePoint]]
 
 
 @dataclass(frozen=True)
