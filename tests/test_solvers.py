@@ -170,31 +170,37 @@ def test_a_cancel_or_ctrl_c_stops_a_program_at_once():
     from acstudio.plan.solvers.milp import interruptible
 
     finish = threading.Event()
-    ran = []
+    cancel = CancelToken()
+    late = []
 
-    def slow_program():  # waits without the GIL, as HiGHS solves, until the test lets it finish
-        ran.append(1)
+    def cancelled_while_solving():  # waits without the GIL, as HiGHS solves, while its caller is cancelled
+        cancel.cancel()
         finish.wait(10)
-        return "solved"
+
+    def interrupted_while_solving():  # the same with Ctrl-C
+        _thread.interrupt_main()
+        finish.wait(10)
+
+    def finish_programs() -> None:
+        finish.set()
+        for worker in threading.enumerate():
+            if worker.name == "HiGHS":
+                worker.join(10)
+        finish.clear()
 
     assert interruptible(lambda: "solved", None) == "solved"
-    cancel = CancelToken()
-    threading.Timer(0.1, cancel.cancel).start()
     start = time.perf_counter()
     with pytest.raises(Cancelled):
-        interruptible(slow_program, cancel)
+        interruptible(cancelled_while_solving, cancel)
+    with pytest.raises(Cancelled):  # cancelled while the abandoned program still runs: it never runs
+        interruptible(lambda: late.append("ran"), cancel)
     assert time.perf_counter() - start < 1.0
-    threading.Timer(0.1, _thread.interrupt_main).start()
+    finish_programs()
+    assert not late
     start = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):  # while the cancelled program still runs, this one waits for it
-        interruptible(slow_program, None)
+    with pytest.raises(KeyboardInterrupt):
+        interruptible(interrupted_while_solving, None)
     assert time.perf_counter() - start < 1.0
-    with pytest.raises(Cancelled):  # cancelled before its turn: never run
-        interruptible(slow_program, cancel)
-    finish.set()
+    finish_programs()
     with pytest.raises(ZeroDivisionError):  # what the program raises reaches the caller
         interruptible(lambda: 1 / 0, None)
-    for worker in threading.enumerate():
-        if worker.name == "HiGHS":
-            worker.join(5)
-    assert len(ran) == 2  # the one cancelled while it waited for its turn never ran
