@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 import os
 import shlex
 import sys
@@ -142,7 +143,7 @@ def cmd_plan(args) -> int:
 
     from acstudio.plan.peak import explain_peak, floor_sentence
     from acstudio.plan.schedule import PlanContext
-    from acstudio.plan.solvers import plan, sweep
+    from acstudio.plan.solvers import TRAJECTORY_SOLVER, plan, sweep
     from acstudio.profile.model import Profile
     from acstudio.simulate.modes import get_mode
     from acstudio.simulate.simulator import Simulator
@@ -165,7 +166,7 @@ def cmd_plan(args) -> int:
 
             write_text(args.out, table.to_csv(index=False))
         if not args.all_rows:
-            table = thin_curve(table, "mutwo", points=12)
+            table = thin_curve(table, TRAJECTORY_SOLVER, points=12)
         print(header)
         table = table.copy()
         for col in ("budget_bytes", "peak_bytes"):
@@ -330,14 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="DIR", help="also write nodes.csv and activations.csv into DIR")
     p.set_defaults(func=cmd_profile)
 
-    from acstudio.plan.solvers import SOLVERS
+    from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS
     from acstudio.simulate.modes import REPLAY_MODES
 
     p = sub.add_parser("plan", help="choose activations to recompute under a memory budget")
     p.add_argument("profile", help="profile file from `acstudio profile`")
     p.add_argument("--budget", help="bytes with a unit (6GiB, 5000MiB) or a percentage of the baseline peak (60%%)")
-    p.add_argument("--solver", default="auto", choices=list(SOLVERS),
-                   help="default auto: the fastest plan of every solver that fits")
+    p.add_argument("--solver", default=DEFAULT_SOLVER, choices=list(SOLVERS),
+                   help=f"default {DEFAULT_SOLVER}: the fastest plan of every solver that fits")
     p.add_argument("--mode", choices=list(REPLAY_MODES), help="plan for this replay mode: its peak in it fits "
                    "(sac: how `export --format sac` runs); default: each solver's own modes")
     p.add_argument("--sweep", action="store_true", help="print the memory/time Pareto table of every solver")
@@ -435,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         args.cancel.cancel()
         print("\ncancelled", file=sys.stderr)
+        gc.freeze()  # exit at once: the interpreter's last collection would walk every object a large plan made
         return 130
     except Cancelled as exc:
         print(f"acstudio: {exc}", file=sys.stderr)

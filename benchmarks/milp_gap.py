@@ -21,9 +21,11 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from acstudio.plan.milp import shared_bound
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import bounded_plan, exact_milp, solve_auto, trajectory
+from acstudio.plan.solvers.auto import solve_auto
+from acstudio.plan.solvers.milp import exact_milp, shared_bound
+from acstudio.plan.solvers.milp_bound import bounded_plan
+from acstudio.plan.solvers.mutwo import trajectory
 from acstudio.profile.model import Profile
 from acstudio.units import format_bytes
 

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from acstudio.plan.mutwo import mutwo_trajectory
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import plan, sweep
+from acstudio.plan.solvers.mutwo import mutwo_trajectory
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from acstudio.fileio import write_text
-from acstudio.plan.mutwo import mutwo_trajectory
+from acstudio.plan.solvers.mutwo import mutwo_trajectory
 from acstudio.profile.model import Profile
 from acstudio.rewrite.verify import verify
 from acstudio.units import parse_budget

@@ -10,9 +10,9 @@ from test_simulator import build_profile, chain_profile, random_profile, tiny_re
 
 from acstudio.plan import mutwo_trajectory, plan, sweep
 from acstudio.plan.baselines import articulation_points, per_module, repeated_blocks, sqrt_n
-from acstudio.plan.milp import exact_recompute_set
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import bounded_plan
+from acstudio.plan.solvers.milp import exact_recompute_set
+from acstudio.plan.solvers.milp_bound import bounded_plan
 from acstudio.simulate import Simulator
 from acstudio.simulate.modes import get_mode
 
@@ -187,6 +187,6 @@ def test_sweep_reports_the_gaps(monkeypatch):
     assert exact.optimal.all() and (exact.gap >= -1e-9).all()
     assert exact.gap.to_numpy() == pytest.approx((exact.mutwo_extra_ms / exact.extra_ms - 1).to_numpy())
     assert (table[table.solver == "milp-bound"].gap_bound >= -1e-9).all()
-    monkeypatch.setattr("acstudio.plan.solvers.PROGRAM_MAX_CANDIDATES", 1)
+    monkeypatch.setattr("acstudio.plan.solvers.milp.PROGRAM_MAX_CANDIDATES", 1)
     notes = sweep(p, ["milp", "milp-bound"]).note
     assert len(notes) == 2 and all(n.startswith("skipped:") and "--solver milp" in n for n in notes)

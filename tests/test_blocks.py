@@ -10,9 +10,9 @@ import torch
 from test_rewrite import captured, check_accounting, run_from
 
 from acstudio.plan import baselines
-from acstudio.plan.blocks import block_search
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import plan
+from acstudio.plan.solvers.blocks import block_search
 from acstudio.rewrite import rewrite
 
 

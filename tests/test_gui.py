@@ -313,6 +313,31 @@ def test_status_speaks_to_users_and_pareto_draws_baselines_as_points(qtbot, wind
     assert len(set(looks.values())) == len(looks), looks
 
 
+def test_pareto_looks_are_fixed_per_solver_whatever_order_the_rows_arrive_in(qtbot):
+    """Every registered solver keeps one colour and symbol, no two alike, in whatever order its rows arrive."""
+    import pyqtgraph as pg
+
+    from acstudio.gui.budget_panel import BudgetPanel
+    from acstudio.plan.solvers import SOLVERS
+    from acstudio.views.session import Session
+
+    def looks(order: list[str], points: int) -> dict[str, tuple]:
+        panel = BudgetPanel(Session(), tuple(SOLVERS))
+        qtbot.addWidget(panel)
+        for name in order:  # a few points draw markers, many a curve
+            panel.set_other(name, np.arange(points, dtype=float), np.arange(points, 0, -1, dtype=float) * 2**30)
+        return {name: (pg.mkColor(item.opts["symbolBrush"]).getRgb() if item.opts["pen"] is None
+                       else item.opts["pen"].color().getRgb(), item.opts["symbol"])
+                for name, item in panel.others.items()}
+
+    names = list(SOLVERS)
+    for points in (2, 8):
+        looks_forward, looks_backward = looks(names, points), looks(names[::-1], points)
+        assert looks_forward == looks_backward and set(looks_forward) == set(SOLVERS)
+        assert len(set(looks_forward.values())) == len(SOLVERS)
+        assert len({colour for colour, _ in looks_forward.values()}) == len(SOLVERS)
+
+
 def test_the_sweep_child_sends_the_curves_before_the_programs(tiny_profile_path):
     """The Pareto chart's curves and baselines arrive before the exact programs are solved; the final answer
     holds both."""

@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from acstudio.plan import solvers
-from acstudio.plan.mutwo import Trajectory
+from acstudio.plan import schedule, solvers
+from acstudio.plan.solvers.mutwo import Trajectory
 from acstudio.profile.model import Profile
-from acstudio.views import session as session_module
 from acstudio.views.documents import prepare
-from acstudio.views.session import INSTANT, Session
+from acstudio.views.session import Session
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_profiles" / "cpu_resnet18_bs16_sgd.json.gz"
 
@@ -47,11 +46,11 @@ def counted(monkeypatch):
         monkeypatch.setitem(solvers.SOLVERS, name, dataclasses.replace(record, solve=counting(name, record.solve)))
     monkeypatch.setattr(Trajectory, "best_plan_for_budget", counting("mutwo-best", Trajectory.best_plan_for_budget))
 
-    def simulate_plan(*args, _simulate=session_module.simulate_plan):
+    def simulate_plan(*args, _simulate=schedule.simulate_plan):
         calls.append("simulate")
         return _simulate(*args)
 
-    monkeypatch.setattr(session_module, "simulate_plan", simulate_plan)
+    monkeypatch.setattr(schedule, "simulate_plan", simulate_plan)
     return calls
 
 
@@ -102,7 +101,7 @@ def test_a_solver_without_a_quick_answer_plans_once_in_the_background(loaded, co
     planning = []
     session.events.planning.connect(lambda solver, budget: planning.append((solver, budget)))
     counted.clear()
-    assert "recompute-all" not in INSTANT
+    assert not solvers.SOLVERS["recompute-all"].instant
     session.set_solver("recompute-all")
     assert seen["solver"] == ["recompute-all"] and counted == ["recompute-all", "simulate"]
     assert planning == [("recompute-all", session.budget)]

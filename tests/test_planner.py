@@ -12,8 +12,8 @@ from test_simulator import build_profile, chain_profile, random_profile, tiny_re
 from acstudio.errors import ACStudioError, Cancelled, PlanMismatchError, ProfileFileError
 from acstudio.jobs import CancelToken
 from acstudio.plan import Plan, candidates, format_bytes, mutwo_trajectory, parse_budget, plan, sweep
-from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED
 from acstudio.simulate import Simulator
 
 

@@ -148,7 +148,7 @@ def test_time_scale_prices_recomputation_like_the_h200_measured_it():
     """Node-by-node GPU times include launch gaps; scaled to the whole step they predict the measured cost."""
     from pathlib import Path
 
-    from acstudio.plan.mutwo import mutwo_trajectory
+    from acstudio.plan.solvers.mutwo import mutwo_trajectory
 
     root = Path(__file__).resolve().parent.parent
     profile = Profile.load(root / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz")

@@ -21,7 +21,7 @@ from acstudio.export.sac import OpDecision
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import KNOWN, POLICIES
+from acstudio.plan.solvers.registry import auto_solvers
 from acstudio.profile import blocks as module_blocks
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import simulate_plan
@@ -382,7 +382,7 @@ def test_planning_for_sac_fits_where_repricing_overshoots():
         assert (sim.peak_bytes, sim.extra_ms) == (target.predicted_peak_bytes,
                                                   pytest.approx(target.predicted_extra_ms))
         auto = make_plan(profile, budget, ctx=ctx)
-        others = [(n, make_plan(profile, budget, n, ctx=ctx)) for n in (*KNOWN, *POLICIES)]
+        others = [(n, make_plan(profile, budget, n, ctx=ctx)) for n in auto_solvers(policies=True)]
         for name, chosen in [("auto", auto), *others]:
             repriced = ctx.plan_for_set(name, budget, ctx.sim.indices(chosen.recomputed), mode="sac")
             if repriced.feasible:

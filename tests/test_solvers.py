@@ -7,9 +7,9 @@ import pytest
 from test_simulator import random_profile
 
 from acstudio.errors import ACStudioError
-from acstudio.plan.baselines import REAL_MODES
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import KNOWN, SOLVERS, plan, sweep
+from acstudio.plan.solvers import SOLVERS, plan, sweep
+from acstudio.plan.solvers.registry import auto_solvers
 from acstudio.simulate.modes import REPLAY_MODES, get_mode, simulate_plan
 
 
@@ -35,7 +35,7 @@ def test_auto_is_never_dominated(seed):
         # What auto returns is what its mode really costs.
         sim = simulate_plan(ctx.sim, best.recomputed, best.replay_mode)
         assert (sim.peak_bytes, sim.extra_ms) == (best.predicted_peak_bytes, pytest.approx(best.predicted_extra_ms))
-        for name in KNOWN:
+        for name in auto_solvers():
             other = plan(p, int(budget), name, ctx=ctx)
             assert other.floor_bytes >= best.floor_bytes
             if other.feasible:
@@ -50,7 +50,7 @@ def test_sweep_auto_is_the_lower_envelope():
     assert auto.peak_bytes.is_monotonic_increasing and auto.extra_ms.is_monotonic_decreasing
     others = table[table.solver.isin(["mutwo", "per-module", "sqrt-n", "recompute-all", "keep-all"])]
     for _, row in others.iterrows():  # every point auto knows has an auto point at or below it
-        if row.solver == "mutwo" or row.replay_mode in REAL_MODES[row.solver]:
+        if row.solver == "mutwo" or row.replay_mode in SOLVERS[row.solver].real_modes:
             below = auto[auto.peak_bytes <= row.peak_bytes]
             assert len(below) and below.extra_ms.min() <= row.extra_ms + 1e-9
 
@@ -72,7 +72,7 @@ def test_peak_report_adds_up_to_the_predicted_peak():
 def test_auto_takes_the_shared_chain_programs_set_when_it_is_faster(monkeypatch):
     """With its program on, auto is never slower than without it nor than the program's own set, and somewhere
     the program finds a plan every other solver misses."""
-    from acstudio.plan.milp import shared_bound
+    from acstudio.plan.solvers.milp import shared_bound
 
     wins = 0
     for seed in range(6):
@@ -97,3 +97,110 @@ def test_a_bad_program_time_is_one_line(monkeypatch):
     p = random_profile(0, n_forward=10)
     with pytest.raises(ACStudioError, match="ACSTUDIO_AUTO_MILP_SECONDS='ten' is not a number of seconds"):
         plan(p, int(p.peak_bytes * 0.9))
+
+
+def test_every_solver_has_a_look_of_its_own_whatever_the_order():
+    """The Pareto chart draws each solver in its own colour and symbol, looked up by name (never by the order
+    rows arrive in), distinct from every other solver's."""
+    looks = [SOLVERS[name].look for name in SOLVERS]
+    assert len({look.colour for look in looks}) == len(looks) and len({look.symbol for look in looks}) == len(looks)
+    shuffled = list(SOLVERS)
+    np.random.default_rng(0).shuffle(shuffled)
+    assert {name: SOLVERS[name].look for name in shuffled} == {name: SOLVERS[name].look for name in SOLVERS}
+    from acstudio.plan.solvers.registry import solver
+
+    with pytest.raises(ValueError, match="no look"):
+        solver("unlooked", "a solver nobody gave a look")
+
+
+# Strings that are a solver's name by coincidence, in another namespace: the benchmark's configuration of the peer
+# the per-op set models, and the SAC policy file's field of per-block decisions.
+OTHER_NAMESPACES = {("acstudio/bench/configs.py", "per-op"), ("acstudio/export/sac.py", "blocks")}
+
+
+def test_no_solver_name_is_written_outside_its_package():
+    """Code outside ``acstudio/plan/solvers/`` asks a solver's record for its traits, never tests its name."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted((root / "acstudio").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("acstudio/plan/solvers/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in SOLVERS and (rel, node.value) not in OTHER_NAMESPACES:
+                found.append(f"{rel}:{node.lineno}: {node.value!r}")
+    assert not found, found
+
+
+def test_a_plan_carries_its_simulation_and_is_simulated_once(monkeypatch, tmp_path):
+    import acstudio.plan.schedule as schedule
+    from acstudio.plan.model import Plan
+    from acstudio.plan.peak import explain_peak
+
+    p = random_profile(3, n_forward=12)
+    ctx = PlanContext(p)
+    best = plan(p, (ctx.floor_bytes + ctx.sim.baseline_peak) // 2, ctx=ctx)
+    calls = []
+    simulate = schedule.simulate_plan
+    monkeypatch.setattr(schedule, "simulate_plan", lambda *a: calls.append(a) or simulate(*a))
+    first = ctx.simulation(best)
+    assert ctx.simulation(best) is first and best.simulation is first
+    explain_peak(ctx, best)
+    assert len(calls) == 1
+    assert (first.peak_bytes, first.extra_ms) == (best.predicted_peak_bytes, pytest.approx(best.predicted_extra_ms))
+    # never saved: the file reads back as the plan without it
+    assert "simulation" not in best.to_dict()
+    best.save(tmp_path / "plan.json")
+    again = Plan.load(tmp_path / "plan.json", p)
+    assert again == best and again.simulation is None
+
+
+def test_a_cancel_or_ctrl_c_stops_a_program_at_once():
+    """HiGHS cannot be interrupted inside a program; the caller waits on it in short steps, so a cancel token or
+    Ctrl-C ends the wait within a fraction of a second, not at the program's time limit."""
+    import _thread
+    import threading
+    import time
+
+    from acstudio.errors import Cancelled
+    from acstudio.jobs import CancelToken
+    from acstudio.plan.solvers.milp import interruptible
+
+    finish = threading.Event()
+    cancel = CancelToken()
+    late = []
+
+    def cancelled_while_solving():  # waits without the GIL, as HiGHS solves, while its caller is cancelled
+        cancel.cancel()
+        finish.wait(10)
+
+    def interrupted_while_solving():  # the same with Ctrl-C
+        _thread.interrupt_main()
+        finish.wait(10)
+
+    def finish_programs() -> None:
+        finish.set()
+        for worker in threading.enumerate():
+            if worker.name == "HiGHS":
+                worker.join(10)
+        finish.clear()
+
+    assert interruptible(lambda: "solved", None) == "solved"
+    start = time.perf_counter()
+    with pytest.raises(Cancelled):
+        interruptible(cancelled_while_solving, cancel)
+    with pytest.raises(Cancelled):  # cancelled while the abandoned program still runs: it never runs
+        interruptible(lambda: late.append("ran"), cancel)
+    assert time.perf_counter() - start < 1.0
+    finish_programs()
+    assert not late
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        interruptible(interrupted_while_solving, None)
+    assert time.perf_counter() - start < 1.0
+    finish_programs()
+    with pytest.raises(ZeroDivisionError):  # what the program raises reaches the caller
+        interruptible(lambda: 1 / 0, None)

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.timeline import cache_pixmaps
+from acstudio.plan.solvers import LOOKS, TRAJECTORY_SOLVER
 from acstudio.simulate.modes import get_mode
 from acstudio.units import format_bytes
 from acstudio.views.pareto import pareto_shape
@@ -33,11 +34,6 @@ from acstudio.views.session import PlanState, Session
 GIB = float(2**30)
 STEPS = 1000  # slider resolution between the floor and the baseline peak
 DEBOUNCE_MS = 40
-# One colour and symbol per solver the sweep draws (eight today), so no two share a look (nor the measured
-# points' teal).
-SOLVER_SYMBOLS = ["s", "d", "t", "star", "p", "h", "t1", "x"]
-SOLVER_COLOURS = [(230, 140, 30), (40, 160, 60), (150, 80, 200), (120, 120, 120), (190, 170, 0), (170, 110, 60),
-                  (200, 60, 140), (90, 90, 220)]
 
 
 class BudgetPanel(QWidget):
@@ -84,9 +80,9 @@ class BudgetPanel(QWidget):
         for axis in ("left", "bottom"):
             item.getAxis(axis).enableAutoSIPrefix(False)
         legend = item.addLegend(offset=(-10, 10), labelTextSize="7pt", labelTextColor=(30, 30, 30))
-        self.curve = item.plot([], [], pen=pg.mkPen((70, 130, 220), width=2), name="μ-TWO", stepMode=None)
+        self.curve = item.plot([], [], pen=pg.mkPen(LOOKS[TRAJECTORY_SOLVER].colour, width=2), name="μ-TWO",
+                               stepMode=None)
         self.others: dict[str, pg.PlotDataItem] = {}
-        self.style_slots: dict[str, int] = {}  # solver -> its colour and symbol, kept when it is drawn again
         self.measured = pg.ScatterPlotItem(size=9, symbol="s", brush=pg.mkBrush(0, 160, 160),
                                            pen=pg.mkPen("k"), name="measured")
         item.addItem(self.measured)
@@ -203,13 +199,12 @@ class BudgetPanel(QWidget):
             self.pareto.getPlotItem().removeItem(old)
             self.pareto.getPlotItem().legend.removeItem(old)
         x, y, as_curve = pareto_shape(extra_ms, peak_bytes)
-        slot = self.style_slots.setdefault(solver, len(self.style_slots))
-        r, g, b = SOLVER_COLOURS[slot % len(SOLVER_COLOURS)]
+        look = LOOKS[solver]  # fixed per solver: the same whatever order the rows arrive in
         if as_curve:
-            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=pg.mkPen((r, g, b), width=2), name=solver)
+            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=pg.mkPen(look.colour, width=2), name=solver)
         else:
-            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=None, symbol=SOLVER_SYMBOLS[slot % len(
-                SOLVER_SYMBOLS)], symbolSize=9, symbolBrush=(r, g, b), symbolPen=pg.mkPen("k"), name=solver)
+            curve = self.pareto.getPlotItem().plot(x, y / GIB, pen=None, symbol=look.symbol, symbolSize=9,
+                                                   symbolBrush=look.colour, symbolPen=pg.mkPen("k"), name=solver)
             curve.setZValue(5)  # baseline points sit on top of any curve
         cache_pixmaps(curve.curve, curve.scatter)
         self.others[solver] = curve
@@ -234,7 +229,6 @@ class BudgetPanel(QWidget):
             self.pareto.getPlotItem().removeItem(curve)
             self.pareto.getPlotItem().legend.removeItem(curve)
         self.others = {}
-        self.style_slots = {}
         self.measured.setData([], [])
 
     def set_measured(self, extra_ms: np.ndarray, peak_bytes: np.ndarray) -> None:

@@ -123,19 +123,3 @@ def keep_all(ctx: PlanContext) -> list[int]:
 
 def recompute_all(ctx: PlanContext) -> list[int]:
     return list(ctx.rg.candidates)
-
-
-FIXED = {"keep-all": keep_all, "recompute-all": recompute_all, "per-module": per_module, "sqrt-n": sqrt_n,
-         "per-op": per_op}
-SUMMARIES = {
-    "keep-all": "no activation checkpointing",
-    "recompute-all": "every candidate recomputed (the floor)",
-    "per-module": "torch.utils.checkpoint around every repeated block (HF gradient checkpointing)",
-    "sqrt-n": "Chen et al.'s √n segments",
-    "per-op": "torchtitan's op-level selective checkpointing (saves attention and every second matmul per block)",
-}
-# The replay modes each baseline's real counterpart runs in: checkpointed segments are replayed once each
-# (shared chains); recompute-all has no counterpart, so it is priced in both and the faster one counts; per-op is a
-# selective-checkpoint policy.
-REAL_MODES = {"keep-all": ("again",), "recompute-all": ("again", "shared"), "per-module": ("shared",),
-              "sqrt-n": ("shared",), "per-op": ("sac",)}

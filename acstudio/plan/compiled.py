@@ -40,7 +40,8 @@ from acstudio.jobs import CancelToken
 from acstudio.plan.baselines import MATMULS, is_attention, per_module
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import best_of, plan_for_mode
+from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, plan_for_mode
+from acstudio.plan.solvers.per_module import NAME as PER_MODULE
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
 from acstudio.simulate.simulator import Simulator
@@ -55,7 +56,7 @@ def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
     if measured_per_block_peak <= 0:
         raise ACStudioError(f"the compiled per-block peak is {measured_per_block_peak} bytes — give the peak "
                             "measured for compile+per-block (e.g. 3870MiB)")
-    eager = ctx.plan_for_set("per-module", 0, per_module(ctx), mode=COMPILED_MODE).predicted_peak_bytes
+    eager = ctx.plan_for_set(PER_MODULE, 0, per_module(ctx), mode=COMPILED_MODE).predicted_peak_bytes
     return eager - measured_per_block_peak
 
 
@@ -118,7 +119,7 @@ def compiled_context(ctx: PlanContext, times: CompiledTimes) -> PlanContext:
     return ctx.cache[key]
 
 
-def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = "auto",
+def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,
                   cancel: CancelToken | None = None, times: CompiledTimes | None = None) -> Plan:
     """The fastest plan whose compiled peak fits ``budget``: planned in the SAC mode at ``budget`` plus the
     offset. The plan records the offset (``compiled_offset_bytes``); its ``predicted_peak_bytes`` stays the SAC

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from acstudio.plan.schedule import PlanContext
     from acstudio.profile.model import Profile
+    from acstudio.simulate.simulator import SimResult
 
 SCHEMA = "acstudio.plan"
 SCHEMA_VERSION = 1
@@ -84,6 +85,9 @@ class Plan:
     # The compiled step's predicted time over plain compile, where the planner was given compiled step times to
     # calibrate on (acstudio.plan.compiled.CompiledTimes); they are not in the profile, so it is not re-derived.
     compiled_extra_ms: float | None = None
+    # The simulated step (timeline and all), kept once something simulated it (PlanContext.simulation), so that a
+    # plan is simulated once however many views read it. Derived and large: never saved, never compared.
+    simulation: SimResult | None = field(default=None, repr=False, compare=False)
 
     @property
     def compiled_peak_bytes(self) -> int | None:
@@ -121,7 +125,8 @@ class Plan:
 
     # -- persistence -----------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = dataclasses.asdict(dataclasses.replace(self, simulation=None))
+        del d["simulation"]
         d["schedule"] = [dataclasses.astuple(e) for e in self.schedule]
         return d
 
@@ -134,7 +139,7 @@ class Plan:
         from acstudio.plan.validation import validate_plan
 
         doc = validate_plan(d, source)
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)} - {"simulation"}
         body = {k: v for k, v in d.items() if k in fields}  # a field the schema does not know yet passes as is
         body.update((k, v) for k, v in doc.model_dump().items() if k in fields)
         body["schedule"] = [ScheduleEntry(*row) for row in doc.schedule]

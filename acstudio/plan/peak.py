@@ -13,7 +13,6 @@ import numpy as np
 
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.replay import FORWARD_REGIONS
 from acstudio.simulate.simulator import TIMELINE_CATEGORIES, SimResult
 from acstudio.units import format_bytes
@@ -50,9 +49,9 @@ class PeakReport:
 
 def explain_peak(ctx: PlanContext, plan: Plan, result: SimResult | None = None) -> PeakReport:
     """Split ``plan``'s predicted peak at its peak node; ``result``: the plan already simulated in its replay mode
-    (simulated here if not given)."""
+    (else the simulation the plan carries, simulated now if it has none)."""
     sim, rg, profile = ctx.sim, ctx.rg, ctx.profile
-    result = result or simulate_plan(sim, plan.recomputed, plan.replay_mode)
+    result = result or ctx.simulation(plan)
     pos = profile.node_index[result.peak_node]
     row = dict(zip(TIMELINE_CATEGORIES, result.timeline[pos].tolist()))
     recomputed = np.zeros(len(rg.bytes), dtype=bool)
@@ -84,9 +83,9 @@ def _module_of(profile, pos: int) -> str:
 
 def floor_sentence(ctx: PlanContext) -> str:
     """"the floor is <where>: <its largest part>" for the recompute-all plan, the lowest peak checkpointing reaches."""
-    from acstudio.plan.solvers import plan as make_plan
+    from acstudio.plan.solvers import floor_solver, get_solver
 
-    report = explain_peak(ctx, make_plan(ctx.profile, 0, "recompute-all", ctx=ctx))
+    report = explain_peak(ctx, get_solver(floor_solver()).solve(ctx, 0))
     largest = max(report.parts, key=report.parts.get)
     return (f"the floor is {report.where}: {format_bytes(report.parts[largest])} of {_WORDS[largest]} "
             f"(of {format_bytes(report.total)}); checkpointing cannot go below it")

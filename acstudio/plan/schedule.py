@@ -11,8 +11,8 @@ import numpy as np
 
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.profile.model import Profile
-from acstudio.simulate.modes import REPLAY_MODES, get_mode
-from acstudio.simulate.simulator import Simulator
+from acstudio.simulate.modes import REPLAY_MODES, get_mode, simulate_plan
+from acstudio.simulate.simulator import SimResult, Simulator
 
 
 class PlanContext:
@@ -23,7 +23,7 @@ class PlanContext:
         self.sim = simulator or Simulator(profile)
         self.rg = self.sim.replay
         self.node_ids = np.array(self.sim.node_ids, dtype=object)
-        self.cache: dict[str, Any] = {}  # what several solvers share (see acstudio.plan.solvers)
+        self.cache: dict[str, Any] = {}  # what several solvers share (see acstudio.plan.solvers.registry)
 
     @cached_property
     def activation_bytes(self) -> dict[str, int]:
@@ -88,3 +88,9 @@ class PlanContext:
                                                    recompute_before=self.sim.node_ids[r.at]))
         return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], sched.extra_ms,
                               stop_reason, replay_mode=mode)
+
+    def simulation(self, plan: Plan) -> SimResult:
+        """``plan``'s simulated step in its replay mode (timeline included), simulated once and kept on the plan."""
+        if plan.simulation is None:
+            plan.simulation = simulate_plan(self.sim, plan.recomputed, plan.replay_mode)
+        return plan.simulation

@@ -101,18 +101,16 @@ def _environment() -> dict[str, Any]:
             "precisions": list(PRECISIONS)}
 
 
-PROGRAMS = ("milp", "milp-bound")  # solved at a few budgets, for seconds each on a transformer: they come last
-
-
 def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
     """Every solver but μ-TWO (whose curve the window already has), as JSON-ready rows. Emitted on their own
     before that: what sets the floor, in a sentence, then the curves and baselines (well under a second), so the
-    chart does not wait for the programs' tens of seconds."""
+    chart does not wait for the exact programs' tens of seconds (solved at a few budgets, seconds each on a
+    transformer)."""
     import math
 
     from acstudio.plan.peak import floor_sentence
     from acstudio.plan.schedule import PlanContext
-    from acstudio.plan.solvers import SOLVERS, sweep
+    from acstudio.plan.solvers import SOLVERS, TRAJECTORY_SOLVER, sweep
     from acstudio.profile.model import Profile
 
     def rows(solvers: list[str]) -> list[dict[str, Any]]:
@@ -123,9 +121,9 @@ def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
     profile = Profile.load(profile_path)
     ctx = PlanContext(profile)
     _emit({"floor": floor_sentence(ctx)})
-    curves = rows([s for s in SOLVERS if s != "mutwo" and s not in PROGRAMS])
+    curves = rows([s for s in SOLVERS if s != TRAJECTORY_SOLVER and not SOLVERS[s].exact])
     _emit({"rows": curves})
-    return curves + rows([s for s in SOLVERS if s in PROGRAMS])
+    return curves + rows([s for s in SOLVERS if SOLVERS[s].exact])
 
 
 def _run(fn) -> int:

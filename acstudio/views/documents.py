@@ -17,9 +17,9 @@ import pandas as pd
 from acstudio.errors import ACStudioError, WrongSchemaError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import Trajectory
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import trajectory
+from acstudio.plan.solvers.mutwo import Trajectory
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import SimResult, Simulator
 from acstudio.views.child import profile_in_child

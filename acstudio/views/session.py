@@ -31,8 +31,7 @@ import pandas as pd
 from acstudio.errors import ACStudioError, Cancelled
 from acstudio.jobs import CancelToken, check
 from acstudio.plan.model import Plan
-from acstudio.plan.solvers import SOLVERS
-from acstudio.simulate.modes import simulate_plan
+from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS
 from acstudio.simulate.simulator import SimResult
 from acstudio.views.documents import Loaded
 from acstudio.views.pareto import measured_points
@@ -42,11 +41,6 @@ PLAN_JOB = "plan"
 PLAN_AT_REST_MS = 150  # a previewed budget is solved once it rests this long: a drag does not solve every pause
 SIMULATE_AFTER_MS = 10  # a plan without a preview is solved this long after the step, once it is painted
 CACHE_PLANS = 64  # complete plans kept (the timeline of a 13k-node graph is ~0.6 MB)
-# Solvers whose answer is read off μ-TWO's trajectory while the slider moves, and is μ-TWO's best plan when it
-# rests (auto's full answer also runs the shared-mode program, seconds per budget on BERT-size graphs: the chart's
-# auto curve comes from the sweep's child process instead).
-INSTANT = ("auto", "mutwo")
-DEFAULT_SOLVER = "auto"
 
 
 class Event:
@@ -145,7 +139,7 @@ def solve_and_simulate(loaded: Loaded, budget: int, solver: str, progress=None, 
     """The plan job of a solver without a preview: its plan for ``budget`` and its timeline, each made once."""
     plan = SOLVERS[solver].solve(loaded.ctx, budget, cancel=cancel)
     check(cancel)
-    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+    return plan, loaded.ctx.simulation(plan)
 
 
 def refine_and_simulate(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult]:
@@ -153,12 +147,12 @@ def refine_and_simulate(loaded: Loaded, budget: int, progress=None, cancel=None)
     replayed as shared chains where that is faster) and its timeline, each made once."""
     plan = loaded.trajectory.best_plan_for_budget(budget)
     check(cancel)
-    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+    return plan, loaded.ctx.simulation(plan)
 
 
 def simulate(loaded: Loaded, plan: Plan, progress=None, cancel=None) -> tuple[Plan, SimResult]:
     """The job for a plan opened from a file: its timeline."""
-    return plan, simulate_plan(loaded.simulator, plan.recomputed, plan.replay_mode)
+    return plan, loaded.ctx.simulation(plan)
 
 
 class Session:
@@ -251,7 +245,10 @@ class Session:
             self._plans.move_to_end(request)
             self._show(*cached)
             return
-        if self.solver in INSTANT:
+        # An instant solver's answer is read off μ-TWO's trajectory while the slider moves, and is μ-TWO's best
+        # plan when it rests (auto's full answer also runs the shared-mode program, seconds per budget on BERT-size
+        # graphs: the chart's auto curve comes from the sweep's child process instead).
+        if SOLVERS[self.solver].instant:
             self._show(self.loaded.trajectory.plan_for_budget(self.budget), None)
             job, delay = partial(refine_and_simulate, self.loaded, self.budget), PLAN_AT_REST_MS
         else:

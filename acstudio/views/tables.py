@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from acstudio.plan.model import Plan
+from acstudio.plan.solvers import kept_reason
 from acstudio.profile.model import Profile
 
 TABLE_PLAN_COLUMNS = ("decision", "why", "step", "sources", "replay_nodes", "recompute_ms", "ratio")
@@ -122,7 +123,7 @@ def table_columns(acts: ActivationIndex, plan: Plan) -> dict[str, np.ndarray]:
     every slider step."""
     n = len(acts.bytes)
     rows = acts.row
-    kept = "kept: the budget was met before μ-TWO reached it" if plan.solver == "mutwo" else "kept"
+    kept = kept_reason(plan.solver)
     decision = np.full(n, "retain", dtype=object)
     why = np.full(n, kept, dtype=object)
     excluded = [rows[a] for a in plan.excluded]

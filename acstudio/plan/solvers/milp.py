@@ -25,8 +25,8 @@ What is exact and what is a bound: the first solution that fits is optimal for t
 relative gap, ``REL_GAP``). Every program solved on the way is a relaxation, so its optimum (or HiGHS's dual
 bound when the time limit stops it) is a proven lower bound on the extra time of every plan that fits in this
 mode; when the time (or round) limit stops the search first, the answer is the best fitting set known (the
-``incumbent`` passed in, e.g. μ-TWO's plan) with that bound. A cancel takes effect between programs: HiGHS
-cannot be interrupted inside one, so ``time_limit_s`` also bounds how long a cancel may wait.
+``incumbent`` passed in, e.g. μ-TWO's plan) with that bound. A cancel (or Ctrl-C) takes effect within
+:data:`CANCEL_POLL_S`, also while HiGHS solves a program (:func:`interruptible`).
 
 :func:`shared_bound` is a lower bound for shared-chain plans (replay mode ``"shared"``, where ``auto``'s fastest
 plans usually come from). Its objective counts each recomputed activation's own chain once (``z[v] >= x[k]`` for
@@ -49,17 +49,20 @@ default "recompute" reads today's files unchanged.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
 
 from acstudio.jobs import CancelToken, check
+from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers.mutwo import BASELINE_FITS, BUDGET_MET, trajectory
+from acstudio.plan.solvers.registry import solver
 from acstudio.simulate.modes import get_mode
 
 REL_GAP = 1e-6  # HiGHS's relative MIP gap: "optimal" means within this of the program's optimum
@@ -109,7 +112,10 @@ class _Program:
     def row(self, cols: list[int], coefs: list[float], lower: float = -np.inf, upper: float = np.inf) -> None:
         self.rows.append((cols, coefs, lower, upper))
 
-    def solve(self, time_limit_s: float):
+    def solve(self, time_limit_s: float, cancel: CancelToken | None = None):
+        from scipy.optimize import Bounds, LinearConstraint, milp  # slow to import: only when a program runs
+        from scipy.sparse import coo_matrix
+
         n = len(self.cost)
         r_idx = [r for r, (cols, _, _, _) in enumerate(self.rows) for _ in cols]
         c_idx = [c for cols, _, _, _ in self.rows for c in cols]
@@ -118,9 +124,44 @@ class _Program:
         cons = LinearConstraint(matrix, [r[2] for r in self.rows], [r[3] for r in self.rows])
         integrality = np.zeros(n)
         integrality[:self.n_int] = 1
-        return milp(np.array(self.cost), constraints=cons, integrality=integrality,
-                    bounds=Bounds(0, np.array(self.upper)),
-                    options={"time_limit": max(time_limit_s, 0.01), "mip_rel_gap": REL_GAP})
+        return interruptible(partial(milp, np.array(self.cost), constraints=cons, integrality=integrality,
+                                     bounds=Bounds(0, np.array(self.upper)),
+                                     options={"time_limit": max(time_limit_s, 0.01), "mip_rel_gap": REL_GAP}),
+                             cancel)
+
+
+CANCEL_POLL_S = 0.05  # how often a caller waiting on HiGHS looks at its cancel token (and takes Ctrl-C)
+# One program at a time, as when the caller's own thread ran it: a program whose caller was cancelled runs on to its
+# time limit, and the next one waits for it (its caller stays cancellable meanwhile).
+_ONE_PROGRAM = threading.Lock()
+
+
+def interruptible(solve: Callable[[], Any], cancel: CancelToken | None):
+    """``solve()`` (a HiGHS program) on a daemon thread, while this thread waits on it in short steps.
+
+    HiGHS cannot be interrupted inside one program, and the thread that called it would take neither a cancel nor
+    Ctrl-C (Python runs signal handlers between bytecodes) until the program's time limit. HiGHS releases the GIL
+    while it solves, so the caller polls ``cancel`` and raises :class:`~acstudio.errors.Cancelled` (or
+    ``KeyboardInterrupt``) at once; the abandoned program ends at its own time limit, or with the process."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        with _ONE_PROGRAM:
+            if cancel is not None and cancel.cancelled:
+                return  # cancelled while an earlier program ran: nobody waits for this one
+            try:
+                outcome["result"] = solve()
+            except BaseException as exc:  # handed to the waiting caller, which raises it
+                outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="HiGHS", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(CANCEL_POLL_S)
+        check(cancel)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _pay_once(prog: _Program, rg, chains: dict[int, int]) -> None:
@@ -346,7 +387,7 @@ def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelTok
     lower = 0.0
     for rounds in range(1, max_rounds + 1):
         check(cancel)
-        res = model.prog.solve(time_limit_s - (time.perf_counter() - start))
+        res = model.prog.solve(time_limit_s - (time.perf_counter() - start), cancel)
         if res.status == 2:
             return _Outcome(None, 0.0, float("inf"), rounds, "infeasible")
         if res.status != 0 or res.x is None:
@@ -466,3 +507,39 @@ def shared_bound(ctx: PlanContext, budget: int, *, time_limit_s: float = 30.0, m
         return MilpResult(None, 0.0, out.lower, False, out.how, out.rounds)
     extra = get_mode("shared").peak(ctx.sim, out.chosen)[2]
     return MilpResult(out.chosen, extra, out.lower, extra <= out.lower * (1 + REL_GAP), out.how, out.rounds)
+
+
+# -- the solver --------------------------------------------------------------------------------------------------
+
+NAME = "milp"
+# Time limits of the programs: a plan asked for on its own, and each point of a sweep. Sweeps (the app's Pareto
+# chart runs one in the background) and auto leave the programs out past BERT-size graphs: ResNet-152 takes
+# minutes.
+MILP_TIME_LIMIT_S = 60.0
+SWEEP_MILP_TIME_LIMIT_S = 20.0
+PROGRAM_MAX_CANDIDATES = 400
+
+
+def exact_milp(ctx: PlanContext, budget: int, time_limit_s: float = MILP_TIME_LIMIT_S,
+               cancel: CancelToken | None = None) -> MilpResult:
+    """:func:`exact_recompute_set` with μ-TWO's plan as the incumbent (what it answers with, and a bound on, if
+    the time limit stops it first)."""
+    mu = trajectory(ctx, cancel=cancel).plan_for_budget(budget)
+    incumbent = [ctx.rg.act_index[a] for a in mu.recomputed] if mu.feasible else None
+    return exact_recompute_set(ctx, budget, time_limit_s=time_limit_s, incumbent=incumbent, cancel=cancel)
+
+
+@solver(NAME, "exact optimum under μ-TWO's replay model; past its time limit μ-TWO's plan with a proven bound",
+        exact=True)
+def solve_milp(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    return milp_plan(ctx, budget, exact_milp(ctx, budget, cancel=cancel))
+
+
+def milp_plan(ctx: PlanContext, budget: int, result: MilpResult) -> Plan:
+    """The plan of a :class:`MilpResult`; its reason says how it stopped and the bound."""
+    if result.chosen is None:
+        return ctx.plan_for_set(NAME, budget, [], f"no recompute set fits: {result.status}")
+    if not result.chosen:
+        return ctx.plan_for_set(NAME, budget, [], BASELINE_FITS)
+    return ctx.plan_for_set(NAME, budget, result.chosen,
+                            f"{BUDGET_MET} ({result.status}; lower bound {result.lower_bound_ms:.3f} ms)")

@@ -26,14 +26,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acstudio.jobs import CancelToken, check
+from acstudio.jobs import CancelToken, ProgressFn, check
 from acstudio.plan import baselines
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers.mutwo import BASELINE_FITS
+from acstudio.plan.solvers.registry import CurvePoint, solver
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import FORWARD_REGIONS
 from acstudio.simulate.shared import shared_schedule
 
+NAME = "blocks"
 MODE = "shared"
 
 
@@ -161,7 +164,7 @@ class BlockSearch:
         if j is None:  # nothing fits: the lowest peak the search reached
             j = min(self._cache, key=lambda j: self._cache[j][0])
         ks = self.recomputed(j)
-        return self.ctx.plan_for_set("blocks", budget, ks, mode=MODE)
+        return self.ctx.plan_for_set(NAME, budget, ks, mode=MODE)
 
     def curve(self, points: int = 24) -> list[tuple[int, float, int]]:
         """(peak, extra ms, number recomputed) at ``points`` states spread along the sequence."""
@@ -177,7 +180,21 @@ def _replay_ms(ctx: PlanContext, members: list[int], kept: tuple[int, ...]) -> f
 
 def block_search(ctx: PlanContext, cancel: CancelToken | None = None) -> BlockSearch:
     """The block search of ``ctx``, built once and cached on it."""
-    if "blocks" not in ctx.cache:
-        ctx.cache["blocks"] = BlockSearch(ctx, cancel)
-    return ctx.cache["blocks"]
+    if NAME not in ctx.cache:
+        ctx.cache[NAME] = BlockSearch(ctx, cancel)
+    return ctx.cache[NAME]
+
+
+def blocks_curve(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+                 ) -> list[CurvePoint]:
+    """The search's states spread along its sequence, in shared chains."""
+    return [CurvePoint(peak, ms, n, MODE) for peak, ms, n in block_search(ctx, cancel).curve()]
+
+
+@solver(NAME, "shared-chain search over the repeated blocks: per-block checkpointing, then keep back what saves the "
+              "most time per byte", curve=blocks_curve, auto_order=1)
+def solve_blocks(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    if ctx.sim.baseline_peak <= budget:
+        return ctx.plan_for_set(NAME, budget, [], BASELINE_FITS)
+    return block_search(ctx, cancel).plan_for_budget(budget, cancel)
 

@@ -28,6 +28,7 @@ import pandas as pd
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers.registry import CurvePoint, solver
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
@@ -303,3 +304,34 @@ def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progr
                      cancel: CancelToken | None = None) -> Trajectory:
     """The complete μ-TWO greedy run for ``profile`` (the memory/time Pareto curve)."""
     return run_trajectory(PlanContext(profile, simulator), progress=progress, cancel=cancel)
+
+
+# -- the solver --------------------------------------------------------------------------------------------------
+
+NAME = "mutwo"  # the app's quick answer and main curve are this solver's plans, read off its trajectory
+
+
+def trajectory(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+               ) -> Trajectory:
+    """μ-TWO's whole greedy run for ``ctx``, computed once and cached on it."""
+    if NAME not in ctx.cache:
+        ctx.cache[NAME] = run_trajectory(ctx, progress=progress, cancel=cancel)
+    return ctx.cache[NAME]
+
+
+def mutwo_curve(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+                ) -> list[CurvePoint]:
+    """Every step of the trajectory that lowers the peak, replaying chains again."""
+    points: list[CurvePoint] = []
+    for j, step in enumerate(trajectory(ctx, progress, cancel).steps):
+        if not points or step.simulated_peak_bytes < points[-1].peak_bytes:
+            points.append(CurvePoint(step.simulated_peak_bytes, step.extra_ms, j, "again"))
+    return points
+
+
+@solver(NAME, "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster", curve=mutwo_curve,
+        instant=True, auto_order=0, kept_reason="kept: the budget was met before μ-TWO reached it")
+def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
+    if ctx.sim.baseline_peak <= budget:
+        return ctx.plan_for_set(NAME, budget, [], BASELINE_FITS)
+    return trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
