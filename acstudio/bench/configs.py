@@ -179,8 +179,8 @@ def _reference(arg: str) -> BudgetReference | None:
             factor = float(factor_text)
         except ValueError:
             factor = -1.0
-        if not factor > 0.0:
-            raise ACStudioError(f"{arg!r}: the factor after '*' must be a positive number, e.g. per-block*1.15")
+        if not 0.0 < factor < float("inf"):
+            raise ACStudioError(f"{arg!r}: the factor after '*' must be a positive number — e.g. per-block*1.15")
     return BudgetReference(BenchConfig.parse(base), factor)
 
 
