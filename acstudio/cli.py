@@ -383,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="capture and profile one training iteration")
     _add_workload_args(p)
     p.add_argument("--device", default="cuda", help="cuda or cpu (default cuda)")
-    p.add_argument("--iterations", type=int, default=3, help="measured iterations, median kept (default 3)")
+    p.add_argument("--iterations", type=_in_range(int, 1, 1_000_000), default=3,
+                   help="measured iterations, median kept (default 3)")
     p.add_argument("--out", "-o", required=True, help="profile file (.json or .json.gz)")
     p.add_argument("--csv", metavar="DIR", help="also write nodes.csv and activations.csv into DIR")
     p.set_defaults(func=cmd_profile)

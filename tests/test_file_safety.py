@@ -443,3 +443,25 @@ def test_a_screenshot_under_a_file_fails_at_once(work):
     proc = _app(["--screenshot", "notes.txt"], QT_QPA_PLATFORM="offscreen")
     assert proc.returncode == 2 and "not an earlier screenshot" in proc.stderr
     assert (work / "notes.txt").read_text() == "the user's notes"
+
+
+# -- a rerun replaces its own outputs ------------------------------------------------------------------------------
+def test_every_command_run_twice_replaces_its_own_outputs(work):
+    """Each kind recognises what its writer writes, so running a command again is never refused."""
+    from acstudio.bench.results import BenchResults
+
+    BenchResults(meta={"spec": {"model": "tiny"}, "device": "cpu", "batch_sizes": []}).save(work / "bench")
+    commands = [
+        [*PROFILE, "--iterations", "3", "--out", "tiny.json", "--csv", "tables"],
+        ["plan", "tiny.json", "--budget", "90%", "--solver", "mutwo", "--out", "tiny_plan.json", "--schedule", "sched"],
+        ["plan", "tiny.json", "--sweep", "--out", "sweep.csv"],
+        ["verify", "tiny.json", "--plan", "tiny_plan.json", "--json", "verify.json"],
+        ["export", "tiny.json", "--plan", "tiny_plan.json", "--out", "exp"],
+        ["bench-plot", "bench", "--out", "bench"],
+    ]
+    for argv in commands:
+        assert run(argv) in (0, 1), argv  # 1: a verify that fails is still written
+        first = snapshot(work)
+        assert run(argv) in (0, 1), argv
+        assert set(snapshot(work)) == set(first), argv  # the same files, replaced
+    assert (work / "notes.txt").read_text() == "the user's notes"
