@@ -51,17 +51,6 @@ def _check_place(target: Path, place: Path) -> None:
                               "location or change its permissions")
 
 
-def earlier_output_or_new(path: str | os.PathLike, kind: FolderKind) -> bool:
-    """Whether writing the folder ``path`` as a whole loses nothing: it is absent, empty, or an earlier output
-    of ``kind`` that holds nothing else."""
-    target = Path(path)
-    if not target.is_dir():
-        return not target.exists()
-    entries = {p.name for p in target.iterdir()}
-    earlier = kind.contents(target) if kind.contents is not None else None
-    return not entries or (earlier is not None and entries <= earlier)
-
-
 # -- what an output may replace ----------------------------------------------------------------------------
 # Every command names its outputs and inputs here before any work. An output path may be new, or an earlier
 # output of the same kind; anything else is refused naming what was found, and no output may be, or hold, an
@@ -121,6 +110,17 @@ class FolderKind:
 
 
 OutputKind = FileKind | FolderKind
+
+
+def earlier_output_or_new(path: str | os.PathLike, kind: FolderKind) -> bool:
+    """Whether writing the folder ``path`` as a whole loses nothing: it is absent, empty, or an earlier output
+    of ``kind`` that holds nothing else."""
+    target = Path(path)
+    if not target.is_dir():
+        return not target.exists()
+    entries = {p.name for p in target.iterdir()}
+    earlier = kind.contents(target) if kind.contents is not None else None
+    return not entries or (earlier is not None and entries <= earlier)
 
 
 def check_output(path: str | os.PathLike, kind: OutputKind, *, inputs: Iterable[str | os.PathLike] = (),
@@ -204,6 +204,8 @@ class Outputs:
                                       "file name")
         if target.is_dir():
             raise OutputPathError(f"{name} is a folder — give a file name, e.g. {Path(name) / 'out.json'}")
+        if target.exists() and not target.is_file():  # a device or a pipe: reading it to recognise it could block
+            raise OutputPathError(f"{name} is not a regular file — give a file name")
         if target.exists() and not kind.recognise(target):
             raise OutputPathError(f"{name} exists and is not an earlier {kind.name} of AC Studio — give a new file "
                                   "name, or move that file")

@@ -55,7 +55,7 @@ def snapshot(root: Path) -> dict[str, tuple[bytes, int] | None]:
     out = {}
     for path in root.rglob("*"):
         key = str(path.relative_to(root)) + (" -> " + os.readlink(path) if path.is_symlink() else "")
-        if path.is_symlink() or path.is_dir():
+        if path.is_symlink() or not path.is_file():
             out[key] = None
         else:
             out[key] = (path.read_bytes(), path.stat().st_mtime_ns)
@@ -242,6 +242,11 @@ def test_plan_out_through_a_symlink_writes_its_target(work):
     assert run([*PLAN, "--out", "dangling.json"]) == 0
     assert (work / "link.json").is_symlink() and (work / "dangling.json").is_symlink()
     assert json.loads((work / "absent.json").read_text())["schema"] == "acstudio.plan"
+
+
+def test_plan_out_naming_a_pipe_is_refused_without_reading_it(work, capsys):
+    os.mkfifo(work / "pipe")
+    refused([*PLAN, "--out", "pipe"], work, capsys, "pipe is not a regular file")
 
 
 def test_a_read_only_earlier_plan_is_kept(work, capsys):
