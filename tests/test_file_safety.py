@@ -404,6 +404,11 @@ def test_bench_plot_keeps_a_users_png(work, capsys):
     ([*BENCH, "--warmup", "0", "--out", "b"], "--warmup: expected a whole number from 1"),
     ([*BENCH, "--nproc", str(2**64), "--out", "b"], "--nproc: expected a whole number from 1 to 1024"),
     ([*PROFILE[:2], "-b", "0", "--out", "p.json"], "--batch-size/-b: expected a whole number from 1"),
+    (["bench", "tiny.py:make", "-b", "2", "--device", "cpu", "--budgets", "nan%", "--out", "b"],
+     "cannot read the memory budget 'nan%'"),
+    ([*BENCH[:-1], "rewritten@1e20GiB", "--out", "b"], "from 1B to 8192TiB"),
+    ([*BENCH[:-1], "rewritten@per-block*inf", "--out", "b"], "the factor after '*' must be a positive number"),
+    ([*EXPORT, "exp", "--fsdp", "0"], "--fsdp: expected a whole number from 1 to 65536"),
 ])
 def test_absurd_option_values_are_refused_with_the_valid_range(work, capsys, argv, expect):
     refused(argv, work, capsys, expect)

@@ -192,7 +192,7 @@ def expand_configs(configs: list[str], budgets: list[str]) -> list[BenchConfig]:
         if config.kind == "rewritten" and config.arg is None:
             if not budgets:
                 raise ACStudioError("the rewritten configuration needs at least one budget (e.g. --budgets 60%,8GiB)")
-            expanded = [BenchConfig("rewritten", b.strip()) for b in budgets]
+            expanded = [BenchConfig.parse(f"rewritten@{b.strip()}") for b in budgets]  # each budget checked now
         else:
             expanded = [config]
         for c in expanded:
