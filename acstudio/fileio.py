@@ -72,7 +72,7 @@ def document_kind(name: str, schema: str) -> FileKind:
 
 def csv_kind(name: str, header: str) -> FileKind:
     """A CSV table whose first line starts with ``header``."""
-    return FileKind(name, lambda path: file_head(path).startswith(header.encode()))
+    return FileKind(name, lambda path: _file_head(path).startswith(header.encode()))
 
 
 def json_kind(name: str, keys: frozenset[str]) -> FileKind:
@@ -88,9 +88,14 @@ def json_kind(name: str, keys: frozenset[str]) -> FileKind:
     return FileKind(name, recognise)
 
 
-def png_kind(name: str) -> FileKind:
-    """A PNG image made by matplotlib (which names itself in the image's metadata)."""
-    return FileKind(name, lambda path: file_head(path).startswith(b"\x89PNG") and b"Matplotlib" in file_head(path))
+def png_kind(name: str, maker: str = "Matplotlib") -> FileKind:
+    """A PNG image whose metadata names ``maker`` (matplotlib names itself; the app's screenshots say AC Studio)."""
+
+    def recognise(path: Path) -> bool:
+        head = _file_head(path)
+        return head.startswith(b"\x89PNG") and maker.encode() in head
+
+    return FileKind(name, recognise)
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,7 @@ def _remove_empty_parents(target: Path, anchor: Path) -> None:
             return
 
 
-def file_head(path: str | os.PathLike, size: int = 4096) -> bytes:
+def _file_head(path: str | os.PathLike, size: int = 4096) -> bytes:
     """The first ``size`` bytes of a file (none if it cannot be read): enough to recognise a kind of file."""
     try:
         with open(path, "rb") as f:

@@ -475,3 +475,16 @@ def test_every_command_run_twice_replaces_its_own_outputs(work):
         assert run(argv) in (0, 1), argv
         assert set(snapshot(work)) == set(first), argv  # the same files, replaced
     assert (work / "notes.txt").read_text() == "the user's notes"
+
+
+def test_a_second_screenshot_replaces_the_first_and_only_that(work):
+    from acstudio.fileio import check_output
+    from acstudio.gui.app import SCREENSHOT
+
+    proc = _app(["--screenshot", "shot.png", str(SAMPLE)], QT_QPA_PLATFORM="offscreen")
+    assert proc.returncode == 0, proc.stderr
+    check_output(work / "shot.png", SCREENSHOT)  # its own earlier screenshot: accepted
+    (work / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n a user's picture")
+    proc = _app(["--screenshot", "photo.png", str(SAMPLE)], QT_QPA_PLATFORM="offscreen")
+    assert proc.returncode == 2 and "not an earlier screenshot" in proc.stderr
+    assert (work / "photo.png").read_bytes() == b"\x89PNG\r\n\x1a\n a user's picture"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import acstudio
 from acstudio.errors import ACStudioError
-from acstudio.fileio import FileKind, check_output, file_head
+from acstudio.fileio import check_output, png_kind
 
 PREFERRED_SAMPLE = "h200_resnet152_bs64_adam.json.gz"
 # What Qt's xcb platform plugin loads beyond Qt itself, and the Debian package of each. Without one of these
@@ -32,7 +32,7 @@ XCB_LIBRARIES = {
     "libGL.so.1": "libgl1",
 }
 SCREENSHOT_MAKER = "AC Studio"
-SCREENSHOT = FileKind("screenshot", lambda path: SCREENSHOT_MAKER.encode() in file_head(path))
+SCREENSHOT = png_kind("screenshot", maker=SCREENSHOT_MAKER)
 USAGE = "usage: acstudio [FILE] | acstudio --screenshot OUT.png [FILE]"
 
 
