@@ -488,3 +488,23 @@ def test_a_second_screenshot_replaces_the_first_and_only_that(work):
     proc = _app(["--screenshot", "photo.png", str(SAMPLE)], QT_QPA_PLATFORM="offscreen")
     assert proc.returncode == 2 and "not an earlier screenshot" in proc.stderr
     assert (work / "photo.png").read_bytes() == b"\x89PNG\r\n\x1a\n a user's picture"
+
+
+def test_a_file_added_to_the_export_folder_while_exporting_is_kept(work, made, capsys, monkeypatch):
+    """The folder is checked again just before it is replaced: a file the user saved there meanwhile stays."""
+    from acstudio.export import formats
+
+    earlier_export(work, made)
+    schedule = formats.FORMATS["schedule"]
+
+    def write_while_the_user_saves(job, directory):
+        (work / "exp" / "draft.md").write_text("saved during the export")
+        return schedule.write(job, directory)
+
+    monkeypatch.setitem(formats.FORMATS, "schedule", formats.ExportFormat("schedule", schedule.summary,
+                                                                         write_while_the_user_saves))
+    before = snapshot(work)
+    assert run([*EXPORT, "exp", "--format", "schedule"]) == 2
+    assert "also holds draft.md" in capsys.readouterr().err
+    after = snapshot(work)
+    assert after.pop("exp/draft.md")[0] == b"saved during the export" and after == before
