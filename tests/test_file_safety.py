@@ -36,6 +36,11 @@ def made(tmp_path_factory):
     make_plan(profile, int(0.85 * profile.peak_bytes)).save(folder / "plan.json")
     assert main(["export", str(SAMPLE), "--plan", str(folder / "plan.json"), "--out", str(folder / "export")]) == 0
     assert main(["plan", str(SAMPLE), "--budget", "85%", "--schedule", str(folder / "schedule")]) == 0
+    (folder / "tiny.py").write_text(TINY_MODEL)
+    assert main(["profile", f"{folder / 'tiny.py'}:make", "-b", "2", "--device", "cpu",
+                 "--out", str(folder / "tiny.json")]) == 0
+    assert main(["plan", str(folder / "tiny.json"), "--budget", "90%", "--solver", "mutwo",
+                 "--out", str(folder / "tiny_plan.json")]) in (0, 1)  # 1: infeasible, written all the same
     return folder
 
 
@@ -193,8 +198,9 @@ def test_format_lists_without_a_format_are_refused_before_any_work(work, capsys)
     refused([*EXPORT, "exp", "--format", "step,pdf"], work, capsys, "unknown format 'pdf'")
 
 
-def test_two_exports_into_one_folder_at_once_leave_one_whole_export(work):
-    argv = [sys.executable, "-m", "acstudio", *EXPORT, "exp"]
+def test_two_exports_into_one_folder_at_once_leave_one_whole_export(work, made):
+    argv = [sys.executable, "-m", "acstudio", "export", str(made / "tiny.json"), "--plan", str(made / "tiny_plan.json"),
+            "--out", "exp"]
     procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     codes = [p.wait(timeout=300) for p in procs]
     assert 0 in codes
@@ -415,17 +421,25 @@ def test_absurd_option_values_are_refused_with_the_valid_range(work, capsys, arg
 
 
 # -- clean exits -----------------------------------------------------------------------------------------------
+EXITING_LOSS = TINY_MODEL.replace("m(b).square().mean()", "__import__('sys').exit(0)")
+
+
 @pytest.mark.parametrize(("source", "expect"), [
     ("import sys\nsys.exit(3)\n", "importing exits.py called sys.exit(3)"),
     ("def make(batch_size):\n    raise SystemExit('no GPU')\n", "exits.py:make(2) called sys.exit('no GPU')"),
-    (TINY_MODEL.replace("m(b).square().mean()", "__import__('sys').exit(0)"), "the model's code called sys.exit(0)"),
+    (EXITING_LOSS, "exits.py:make: the model's code called sys.exit(0)"),
 ])
-def test_user_code_that_exits_ends_in_one_line_naming_the_model_file(work, source, expect):
+def test_user_code_that_exits_ends_in_one_line_naming_the_model_file(work, capsys, source, expect):
     (work / "exits.py").write_text(source)
+    refused(["profile", "exits.py:make", "-b", "2", "--device", "cpu", "--out", "p.json"], work, capsys, expect)
+
+
+def test_a_process_whose_model_exits_with_0_still_reports_and_fails(work):
+    (work / "exits.py").write_text(EXITING_LOSS)
     proc = subprocess.run([sys.executable, "-m", "acstudio", "profile", "exits.py:make", "-b", "2", "--device", "cpu",
                            "--out", "p.json"], capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip() and line[0] != "["]
-    assert proc.returncode == 2 and len(lines) == 1 and expect in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and "called sys.exit(0)" in lines[0], proc.stderr
     assert not (work / "p.json").exists()
 
 
