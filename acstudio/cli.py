@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import gc
+import math
 import os
 import shlex
 import sys
@@ -19,7 +20,18 @@ import traceback
 
 from acstudio import __version__
 from acstudio.errors import ACStudioError, Cancelled, describe_failure
-from acstudio.fileio import check_writable
+from acstudio.fileio import (
+    BENCH_FOLDER,
+    PLAN_FILE,
+    PLOT_FOLDER,
+    PROFILE_FILE,
+    PROFILE_TABLES,
+    SCHEDULE_FOLDER,
+    SWEEP_TABLE,
+    VERIFY_RESULT,
+    Outputs,
+    check_output,
+)
 from acstudio.jobs import CancelToken, TerminalProgress
 
 
@@ -42,7 +54,7 @@ def _parse_config(items: list[str]) -> tuple[tuple[str, str], ...]:
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="zoo name (see `acstudio models`) or path/to/file.py:factory")
-    p.add_argument("--batch-size", "-b", type=int, required=True)
+    p.add_argument("--batch-size", "-b", type=COUNT, required=True)
     p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--image-size", type=int, default=224, help="torchvision models (default 224)")
@@ -52,19 +64,46 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     _add_optimizer_args(p)
 
 
+def _in_range(convert, low: float, high: float = math.inf, *, above_low: bool = False):
+    """An argparse type: ``convert(text)`` within ``[low, high]`` (``(low, high]`` with ``above_low``); NaN,
+    infinities and other absurd values are refused with the valid range."""
+    what = "a whole number" if convert is int else "a number"
+    bound = f"above {low:g}" if above_low else f"from {low:g}"
+    valid = f"{what} {bound}" + (f" to {high:g}" if high != math.inf else " (finite)")
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {valid}, got {text!r}") from None
+        if not (math.isfinite(value) and (value > low if above_low else value >= low) and value <= high):
+            raise argparse.ArgumentTypeError(f"expected {valid}, got {text!r}")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+COUNT = _in_range(int, 1, 2**31 - 1)
+WORLD_SIZE = _in_range(int, 1, 65536)
+RATE = _in_range(float, 0)
+
+
 def _betas(text: str) -> tuple[float, float]:
     try:
         beta1, beta2 = (float(b) for b in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected two numbers such as 0.9,0.999, got {text!r}") from None
+    if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
+        raise argparse.ArgumentTypeError(f"each beta must be from 0 to below 1, got {text!r}")
     return beta1, beta2
 
 
 def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
     """Optimizer hyperparameters; unset ones keep the defaults the README states."""
-    p.add_argument("--lr", type=float, help="learning rate (default: sgd 0.01, adam/adamw 0.001)")
-    p.add_argument("--weight-decay", type=float, help="weight decay (default: adamw 0.01, sgd/adam 0)")
-    p.add_argument("--momentum", type=float, help="sgd momentum (default 0.9)")
+    p.add_argument("--lr", type=RATE, help="learning rate (default: sgd 0.01, adam/adamw 0.001)")
+    p.add_argument("--weight-decay", type=RATE, help="weight decay (default: adamw 0.01, sgd/adam 0)")
+    p.add_argument("--momentum", type=RATE, help="sgd momentum (default 0.9)")
     p.add_argument("--betas", type=_betas, metavar="B1,B2", help="adam/adamw betas (default 0.9,0.999)")
 
 
@@ -74,6 +113,12 @@ def _spec(args):
     return WorkloadSpec(args.model, args.batch_size, optimizer=args.optimizer, precision=args.precision,
                         image_size=args.image_size, seq_len=args.seq_len, config=_parse_config(args.config),
                         lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum, betas=args.betas)
+
+
+def _model_file(model: str) -> str | None:
+    """The Python file of a ``path/to/file.py:factory`` model (an input no output may replace)."""
+    module_ref = model.rpartition(":")[0]
+    return module_ref if module_ref.endswith(".py") or "/" in module_ref else None
 
 
 def cmd_models(args) -> int:
@@ -91,15 +136,14 @@ def cmd_profile(args) -> int:
     from acstudio.units import format_bytes
 
     spec = _spec(args)
-    check_writable(args.out)
-    if args.csv:
-        check_writable(args.csv, folder=True)
+    outputs = Outputs([_model_file(args.model)]).add(args.out, PROFILE_FILE).add(args.csv, PROFILE_TABLES)
     command = "acstudio " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else None
     profile = profile_workload(spec, args.device, iterations=args.iterations, progress=TerminalProgress(),
                                cancel=args.cancel, command=command)
-    profile.save(args.out)
-    if args.csv:
-        profile.export_csv(args.csv)
+    with outputs.writing():
+        profile.save(args.out)
+        if args.csv:
+            profile.export_csv(args.csv)
     node = profile.node_by_id[profile.peak_node]
     print(f"{profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} activations "
           f"({sum(a.recomputable for a in profile.activations)} recomputable)")
@@ -149,10 +193,8 @@ def cmd_plan(args) -> int:
     from acstudio.simulate.simulator import Simulator
     from acstudio.units import format_bytes, parse_budget
 
-    if args.out:
-        check_writable(args.out)
-    if args.schedule:
-        check_writable(args.schedule, folder=True)
+    outputs = Outputs([args.profile]).add(args.out, SWEEP_TABLE if args.sweep else PLAN_FILE)
+    outputs.add(args.schedule, SCHEDULE_FOLDER)
     profile = per_rank(Profile.load(args.profile), args)
     sim = Simulator(profile, keep_random=args.keep_random)
     ctx = PlanContext(profile, sim)
@@ -164,7 +206,8 @@ def cmd_plan(args) -> int:
         if args.out:
             from acstudio.fileio import write_text
 
-            write_text(args.out, table.to_csv(index=False))
+            with outputs.writing():
+                write_text(args.out, table.to_csv(index=False))
         if not args.all_rows:
             table = thin_curve(table, TRAJECTORY_SOLVER, points=12)
         print(header)
@@ -188,6 +231,11 @@ def cmd_plan(args) -> int:
             raise ACStudioError(f"--compiled-per-block-peak plans for torch.compile, which runs the plan in the "
                                 f"{COMPILED_MODE} mode — leave out --mode {args.mode}")
         measured = parse_budget(args.compiled_per_block_peak, sim.baseline_peak)
+        if measured > sim.baseline_peak:
+            raise ACStudioError(f"--compiled-per-block-peak {args.compiled_per_block_peak} is above this profile's "
+                                f"peak without checkpointing ({format_bytes(sim.baseline_peak)}), which "
+                                "checkpointing every block only lowers — give the peak that `acstudio bench "
+                                "--configs compile+per-block` measured for this workload")
         times = CompiledTimes.parse(args.compiled_step_ms) if args.compiled_step_ms else None
         result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel, times=times)
     elif args.compiled_step_ms:
@@ -196,11 +244,12 @@ def cmd_plan(args) -> int:
     else:
         result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
     written = []
-    if args.out:
-        result.save(args.out)
-        written.append(f"saved {args.out}")
-    if args.schedule:
-        written += [f"wrote {path}" for path in result.export_schedule(args.schedule)]
+    with outputs.writing():
+        if args.out:
+            result.save(args.out)
+            written.append(f"saved {args.out}")
+        if args.schedule:
+            written += [f"wrote {path}" for path in result.export_schedule(args.schedule)]
     state = "fits" if result.feasible else "INFEASIBLE"
     print(header)
     print(f"{args.solver} at budget {format_bytes(budget)}: {state}; predicted peak "
@@ -243,23 +292,29 @@ def cmd_verify(args) -> int:
     from acstudio.fileio import write_text
     from acstudio.rewrite.verify import verify
 
-    if args.json:
-        check_writable(args.json)
+    outputs = Outputs([args.profile, args.plan]).add(args.json, VERIFY_RESULT)
     profile, plan = _load_profile_and_plan(args)
     result = verify(profile, plan, args.device, progress=TerminalProgress(), cancel=args.cancel)
     print(result.summary())
     if args.json:
-        write_text(args.json, json.dumps(result.to_dict(), indent=1))
+        with outputs.writing():
+            write_text(args.json, json.dumps(result.to_dict(), indent=1))
     return 0 if result.passed else 1
 
 
 def cmd_export(args) -> int:
-    from acstudio.export.exporter import export
+    from acstudio.export.exporter import EXPORT_FOLDER, FORMATS, export
 
-    check_writable(args.out, folder=True)  # whether it may be replaced, export() decides
+    formats = None if args.format is None else [f.strip() for f in args.format.split(",") if f.strip()]
+    unknown = [f for f in formats or () if f not in FORMATS]
+    if formats == [] or unknown:
+        given = f"unknown format {unknown[0]!r}" if unknown else f"no format in {args.format!r}"
+        raise ACStudioError(f"--format: {given} — choose from {', '.join(FORMATS)}, comma-separated")
+    inputs = (args.profile, args.plan)
+    check_output(args.out, EXPORT_FOLDER, inputs=inputs, force=args.force)
     profile, plan = _load_profile_and_plan(args)
-    formats = [f for f in args.format.split(",") if f] if args.format else None
-    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress(), force=args.force)
+    paths = export(profile, plan, args.out, formats=formats, progress=TerminalProgress(), force=args.force,
+                   inputs=inputs)
     for path in paths:
         print(f"wrote {path}")
     names = {os.path.basename(p) for p in paths}
@@ -287,12 +342,13 @@ def cmd_bench(args) -> int:
     args.batch_size = 1
     spec = dataclasses.replace(_spec(args), seed=args.seed)
     resolve_device(args.device)  # here, not in every configuration's process
-    check_writable(args.out, folder=True)
-    results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
-                        [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
-                        progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
-                        warmup=args.warmup, iters=args.iters, max_batch=args.max_batch, timeout_s=args.timeout,
-                        compile_backend=args.compile_backend, nproc=args.nproc)
+    outputs = Outputs([_model_file(args.model)]).add(args.out, BENCH_FOLDER)
+    with outputs.writing():
+        results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
+                            [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
+                            progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
+                            warmup=args.warmup, iters=args.iters, max_batch=args.max_batch, timeout_s=args.timeout,
+                            compile_backend=args.compile_backend, nproc=args.nproc)
     print(results.summary())
     print(f"results in {args.out} (bench.json, bench.csv, summary.md); plots: acstudio bench-plot {args.out}")
     return 0
@@ -301,8 +357,10 @@ def cmd_bench(args) -> int:
 def cmd_bench_plot(args) -> int:
     from acstudio.bench import plot_results
 
-    check_writable(args.out, folder=True)
-    for path in plot_results(args.results, args.out):
+    outputs = Outputs([args.results]).add(args.out, PLOT_FOLDER)
+    with outputs.writing():
+        paths = plot_results(args.results, args.out)
+    for path in paths:
         print(f"wrote {path}")
     return 0
 
@@ -326,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="capture and profile one training iteration")
     _add_workload_args(p)
     p.add_argument("--device", default="cuda", help="cuda or cpu (default cuda)")
-    p.add_argument("--iterations", type=int, default=3, help="measured iterations, median kept (default 3)")
+    p.add_argument("--iterations", type=_in_range(int, 1, 1_000_000), default=3,
+                   help="measured iterations, median kept (default 3)")
     p.add_argument("--out", "-o", required=True, help="profile file (.json or .json.gz)")
     p.add_argument("--csv", metavar="DIR", help="also write nodes.csv and activations.csv into DIR")
     p.set_defaults(func=cmd_profile)
@@ -347,8 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", metavar="DIR", help="also write schedule.json and schedule.csv into DIR")
     p.add_argument("--keep-random", action="store_true", help="never recompute random ops (dropout, attention "
                    "with dropout); by default they are replayed with the RNG state their forward used")
-    p.add_argument("--fsdp", type=int, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard per block)")
-    p.add_argument("--ddp", type=int, metavar="N", help="plan for one of N ranks under DDP")
+    p.add_argument("--fsdp", type=WORLD_SIZE, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard "
+                   "per block)")
+    p.add_argument("--ddp", type=WORLD_SIZE, metavar="N", help="plan for one of N ranks under DDP")
     p.add_argument("--compiled-per-block-peak", metavar="PEAK",
                    help="plan for torch.compile (exported with --format sac): the measured peak of the compiled model "
                         "with every block checkpointed (`acstudio bench ... --configs compile+per-block`), which "
@@ -370,12 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True)
     p.add_argument("--out", "-o", required=True,
                    help="output folder, replaced as a whole: a new folder or an earlier export")
-    p.add_argument("--force", action="store_true", help="replace --out even if it holds files AC Studio did not write")
+    p.add_argument("--force", action="store_true", help="replace an earlier export at --out even if files were added "
+                   "to it (never a folder AC Studio did not write, nor one holding the inputs)")
     p.add_argument("--format", metavar="step,schedule,sac",
                    help="formats to write, comma-separated (default: every one that applies)")
-    p.add_argument("--fsdp", type=int, metavar="N", help="the plan is for one of N ranks under FSDP2 (`acstudio plan "
-                   "--fsdp N`): SAC also wraps the modules around the blocks, which each rank runs eager")
-    p.add_argument("--ddp", type=int, metavar="N", help="the plan is for one of N ranks under DDP (as --fsdp)")
+    p.add_argument("--fsdp", type=WORLD_SIZE, metavar="N", help="the plan is for one of N ranks under FSDP2 "
+                   "(`acstudio plan --fsdp N`): SAC also wraps the modules around the blocks, which each rank runs "
+                   "eager")
+    p.add_argument("--ddp", type=WORLD_SIZE, metavar="N", help="the plan is for one of N ranks under DDP (as --fsdp)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("bench", help="benchmark eager, per-block checkpointing, compile and the rewritten step")
@@ -395,14 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "the same batch size; per-block*1.15 for 1.15 times it)")
     p.add_argument("--budgets", default="60%", help="budgets for a bare `rewritten` (comma-separated)")
     p.add_argument("--fit-budget", help="also search the largest batch whose peak fits this size (e.g. 6GiB)")
-    p.add_argument("--max-batch", type=int, default=4096)
+    p.add_argument("--max-batch", type=COUNT, default=4096)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration process")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=_in_range(int, 1, 1_000_000), default=10)
+    p.add_argument("--iters", type=_in_range(int, 3, 1_000_000), default=20)
+    p.add_argument("--timeout", type=_in_range(float, 0, 7 * 24 * 3600, above_low=True), default=1800.0,
+                   help="seconds per configuration process")
+    p.add_argument("--seed", type=_in_range(int, 0, 2**63 - 1), default=0)
     p.add_argument("--compile-backend", default="inductor")
-    p.add_argument("--nproc", type=int, default=1,
+    p.add_argument("--nproc", type=_in_range(int, 1, 1024), default=1,
                    help="ranks (GPUs) for fsdp+/ddp+ configurations, run under torchrun; -b is per rank")
     p.add_argument("--out", "-o", default="bench_results")
     p.set_defaults(func=cmd_bench)
@@ -441,6 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     except Cancelled as exc:
         print(f"acstudio: {exc}", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # raised by the user's model code; argparse's own exits happen before
+        if args.debug:
+            traceback.print_exc()
+        model = getattr(args, "model", None) or "the model"
+        print(f"\nacstudio: error: {model}: the model's code called sys.exit({exc.code!r}) — a model file must "
+              "not exit; put its script part under `if __name__ == '__main__':`", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # The reader (`acstudio plan ... | head`) has what it wanted; files were written before printing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again

@@ -1,4 +1,5 @@
-"""Atomic file output and (gzipped) JSON documents with a schema name and version."""
+"""Safe file output: what an output may replace (one policy for every command), atomic writes, and (gzipped)
+JSON documents with a schema name and version."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from acstudio.errors import OutputPathError, ProfileFileError, WrongSchemaError
@@ -41,24 +43,6 @@ def _probe_writable(folder: Path) -> bool:
     return True
 
 
-def check_writable(path: str | os.PathLike, *, folder: bool = False) -> None:
-    """Refuse, before any work is done, an output path that cannot be written.
-
-    ``folder=False``: ``path`` is a file (replaced atomically, so its folder must take new files);
-    ``folder=True``: ``path`` is a folder that receives files. Missing parent folders are fine as long as
-    they can be created. Nothing is left behind.
-    """
-    target = Path(path)
-    what = "folder" if folder else "file"
-    if not str(path).strip():
-        raise OutputPathError(f"the output {what} name is empty — give a path")
-    if not folder and target.is_dir():
-        raise OutputPathError(f"{target} is a folder — give a file name, e.g. {target / 'out.json'}")
-    if folder and target.exists() and not target.is_dir():
-        raise OutputPathError(f"{target} exists and is not a folder — give a folder name")
-    _check_place(target, target if target.is_dir() else _nearest_existing(target.parent))
-
-
 def _check_place(target: Path, place: Path) -> None:
     if not place.is_dir():
         raise OutputPathError(f"cannot write {target}: {place} is not a folder — give a path under a folder")
@@ -67,49 +51,316 @@ def _check_place(target: Path, place: Path) -> None:
                               "location or change its permissions")
 
 
-def prepare_output_dir(path: str | os.PathLike, *, force: bool = False,
-                       markers: Mapping[str, str] = MappingProxyType({"manifest.json": "acstudio.export"})) -> None:
-    """Refuse an output folder that :func:`atomic_dir` must not replace; call before doing any work.
+# -- what an output may replace ----------------------------------------------------------------------------
+# Every command names its outputs and inputs here before any work. An output path may be new, or an earlier
+# output of the same kind; anything else is refused naming what was found, and no output may be, or hold, an
+# input of the same command. Paths are compared resolved (symlinks followed) and by identity (hard links).
 
-    :func:`atomic_dir` replaces the folder as a whole, so an existing non-empty one is accepted only if it is
-    ours (one of its ``markers`` files is a document of the schema named beside it) or ``force`` is given. The
-    current folder and its ancestors are never replaced, even with ``force``. The folder's parent must take new
-    entries.
+
+@dataclass(frozen=True)
+class FileKind:
+    """A kind of output file, and how an earlier one is told from a user's file of the same name."""
+
+    name: str  # in messages: "profile", "plan", "sweep table"
+    recognise: Callable[[Path], bool]
+
+
+def document_kind(name: str, schema: str) -> FileKind:
+    """A document of ``schema`` written by :func:`write_document` (gzipped or not)."""
+    return FileKind(name, lambda path: _head_schema(path) == schema)
+
+
+def csv_kind(name: str, header: str) -> FileKind:
+    """A CSV table whose first line starts with ``header``."""
+    return FileKind(name, lambda path: _file_head(path).startswith(header.encode()))
+
+
+def json_kind(name: str, keys: frozenset[str]) -> FileKind:
+    """A JSON object that has every one of ``keys``."""
+
+    def recognise(path: Path) -> bool:
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            return False
+        return isinstance(doc, dict) and keys <= doc.keys()
+
+    return FileKind(name, recognise)
+
+
+def png_kind(name: str, maker: str = "Matplotlib") -> FileKind:
+    """A PNG image whose metadata names ``maker`` (matplotlib names itself; the app's screenshots say AC Studio)."""
+
+    def recognise(path: Path) -> bool:
+        head = _file_head(path)
+        return head.startswith(b"\x89PNG") and maker.encode() in head
+
+    return FileKind(name, recognise)
+
+
+@dataclass(frozen=True)
+class FolderKind:
+    """A kind of output folder.
+
+    ``files``: the files written into it, each new or an earlier output of its kind; the folder may hold
+    anything else. ``contents``, for a folder that is AC Studio's alone: the entries an earlier output of this
+    kind holds, or ``None`` when the folder is not one; then an existing folder must be empty or such an output
+    holding nothing else. ``replaced``: the folder is written as a whole, so nothing in it may be an input.
     """
+
+    name: str
+    files: Mapping[str, FileKind] = field(default_factory=dict)
+    contents: Callable[[Path], frozenset[str] | None] | None = None
+    replaced: bool = False
+
+
+OutputKind = FileKind | FolderKind
+
+
+def earlier_output_or_new(path: str | os.PathLike, kind: FolderKind) -> bool:
+    """Whether writing the folder ``path`` as a whole loses nothing: it is absent, empty, or an earlier output
+    of ``kind`` that holds nothing else."""
     target = Path(path)
-    resolved = target.resolve()
-    cwd = Path.cwd().resolve()
-    if resolved == cwd or resolved in cwd.parents:
-        raise OutputPathError(f"the output folder {str(path)!r} holds the current folder and would be replaced "
-                              "as a whole — give a new folder name, e.g. --out exported/")
-    check_writable(target, folder=True)
-    _check_place(target, _nearest_existing(resolved.parent))
-    if force or replaceable_dir(target, markers):
-        return
-    raise OutputPathError(f"{target} is a non-empty folder that AC Studio did not write, and exporting replaces "
-                          "the folder as a whole — give a new folder name, or --force to replace it")
+    if not target.is_dir():
+        return not target.exists()
+    entries = {p.name for p in target.iterdir()}
+    earlier = kind.contents(target) if kind.contents is not None else None
+    return not entries or (earlier is not None and entries <= earlier)
 
 
-def replaceable_dir(path: str | os.PathLike, markers: Mapping[str, str]) -> bool:
-    """Whether writing ``path`` as a whole loses nothing: it is absent, empty, or one of its ``markers`` files is
-    a document of the schema named beside it (an earlier output of ours)."""
-    target = Path(path)
-    if not target.is_dir() or not any(target.iterdir()):
-        return True
-    return any(_is_document(target / name, schema) for name, schema in markers.items())
+def check_output(path: str | os.PathLike, kind: OutputKind, *, inputs: Iterable[str | os.PathLike] = (),
+                 force: bool = False) -> None:
+    """Refuse, in one line naming what was found, an output that would destroy anything but an earlier output
+    of ``kind``, or that is (or holds) one of ``inputs``; also one that cannot be written. Call it before any
+    work. ``force`` lets an earlier output of an AC Studio-only folder kind be replaced with what else it
+    holds; never an input, never a folder AC Studio did not write."""
+    Outputs(inputs, force=force).add(path, kind)
 
 
-def _is_document(path: Path, schema: str) -> bool:
+class Outputs:
+    """The outputs of one command, checked against its inputs, each other and what is on disk before any work.
+
+    ``with outputs.writing():`` around the writes re-checks them (another program may have written there in
+    the meantime) and, if the block fails or is cancelled, removes every file and folder it created, so a
+    failed command leaves nothing behind.
+    """
+
+    def __init__(self, inputs: Iterable[str | os.PathLike | None] = (), *, force: bool = False) -> None:
+        self.inputs = [(str(p), _resolved(p)) for p in inputs if p is not None and str(p).strip()]
+        self.force = force
+        self.outputs: list[tuple[str, Path, OutputKind]] = []
+
+    def add(self, path: str | os.PathLike | None, kind: OutputKind) -> Outputs:
+        """Check one more output (``None``: the option was not given)."""
+        if path is None:
+            return self
+        what = "folder" if isinstance(kind, FolderKind) else "file"
+        if not str(path).strip():
+            raise OutputPathError(f"the output {what} name is empty — give a path")
+        target = _resolved(path)
+        for name, earlier, earlier_kind in self.outputs:
+            _refuse_overlap(str(path), target, kind, name, earlier, earlier_kind)
+        self.outputs.append((str(path), target, kind))
+        self._check(str(path), target, kind)
+        return self
+
+    def _check(self, name: str, target: Path, kind: OutputKind) -> None:
+        if isinstance(kind, FileKind):
+            self._check_file(name, target, kind)
+            return
+        if target.exists() and not target.is_dir():
+            raise OutputPathError(f"{name} exists and is not a folder — give a folder name")
+        if kind.contents is not None or kind.replaced:
+            cwd = Path.cwd().resolve()
+            if target == cwd or target in cwd.parents:
+                raise OutputPathError(f"the output folder {name!r} holds the current folder and would be replaced "
+                                      "as a whole — give a new folder name, e.g. --out exported/")
+            for shown, source in self.inputs:
+                if target == source or target in source.parents:
+                    raise OutputPathError(f"the output folder {name} holds {shown}, an input of this command — "
+                                          "give a new folder name")
+        if kind.contents is not None and target.is_dir():
+            self._check_own_folder(name, target, kind)
+            _refuse_read_only(name, target)
+        _check_place(target, target if target.is_dir() else _nearest_existing(target.parent))
+        if kind.replaced:  # the new folder is made beside it
+            _check_place(target, _nearest_existing(target.parent))
+        for file_name, file_kind in kind.files.items():
+            self._check_file(os.path.join(name, file_name), target / file_name, file_kind)
+
+    def _check_own_folder(self, name: str, target: Path, kind: FolderKind) -> None:
+        entries = sorted(p.name for p in target.iterdir())
+        if not entries:
+            return
+        earlier = kind.contents(target)
+        if earlier is None:
+            raise OutputPathError(f"{name} is a folder AC Studio did not write (it holds {entries[0]}) — give a "
+                                  f"new folder name for the {kind.name}")
+        foreign = [e for e in entries if e not in earlier]
+        if foreign and not self.force:
+            raise OutputPathError(f"{name} is an earlier {kind.name} that also holds {foreign[0]}, which it did not "
+                                  "write — move that out, give a new folder name, or --force to replace the folder "
+                                  "with it")
+
+    def _check_file(self, name: str, target: Path, kind: FileKind) -> None:
+        for shown, source in self.inputs:
+            if target == source or _same_file(target, source):
+                raise OutputPathError(f"the output {name} is the input {shown} of this command — give another "
+                                      "file name")
+        if target.is_dir():
+            raise OutputPathError(f"{name} is a folder — give a file name, e.g. {Path(name) / 'out.json'}")
+        if target.exists() and not target.is_file():  # a device or a pipe: reading it to recognise it could block
+            raise OutputPathError(f"{name} is not a regular file — give a file name")
+        if target.exists() and not kind.recognise(target):
+            raise OutputPathError(f"{name} exists and is not an earlier {kind.name} of AC Studio — give a new file "
+                                  "name, or move that file")
+        _refuse_read_only(name, target)
+        _check_place(target, _nearest_existing(target.parent))
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Re-check the outputs, run the block, and on any failure remove what the block created."""
+        for name, target, kind in self.outputs:
+            self._check(name, target, kind)
+        undo = [_undo_for(target, kind) for _, target, kind in self.outputs]
+        try:
+            yield
+        except BaseException:
+            for step in undo:
+                step()
+            raise
+
+
+def _refuse_read_only(name: str, target: Path) -> None:
+    """A file or folder its owner made read-only is kept, even by root (who could write it anyway)."""
+    if target.exists() and not target.stat().st_mode & stat.S_IWUSR:
+        raise OutputPathError(f"{name} is read-only — give a new name, or make it writable if it may be replaced")
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+
+
+def _same_file(a: Path, b: Path) -> bool:
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("schema") == schema
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return os.path.samefile(a, b)
+    except OSError:
         return False
+
+
+def _claims(target: Path, kind: OutputKind) -> list[tuple[Path, str]]:
+    """The paths an output writes: ``file``, ``folder`` (files go into it) or ``tree`` (all of it is ours)."""
+    if isinstance(kind, FileKind):
+        return [(target, "file")]
+    whole = kind.replaced or kind.contents is not None
+    return [(target, "tree" if whole else "folder"), *((target / f, "file") for f in kind.files)]
+
+
+def _refuse_overlap(name: str, target: Path, kind: OutputKind, other: str, other_target: Path,
+                    other_kind: OutputKind) -> None:
+    for a, how_a in _claims(target, kind):
+        for b, how_b in _claims(other_target, other_kind):
+            clash = (a == b and not (how_a == how_b == "folder")) or \
+                    (a in b.parents and how_a in ("file", "tree")) or (b in a.parents and how_b in ("file", "tree"))
+            if clash:
+                raise OutputPathError(f"the outputs {other} and {name} are the same path or one holds the other — "
+                                      "give each its own name")
+
+
+def _undo_for(target: Path, kind: OutputKind) -> Callable[[], None]:
+    """A function that removes what will be created at ``target`` from now on: the files of ``kind``, a new
+    folder, and for a folder that is AC Studio's alone everything new in it; what is there now stays."""
+    anchor = _nearest_existing(target.parent)
+    if not target.exists():
+        def undo() -> None:
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
+            _remove_empty_parents(target, anchor)
+        return undo
+    if isinstance(kind, FileKind) or not target.is_dir():
+        return lambda: None
+    if kind.contents is None and not kind.replaced:
+        new_files = [target / f for f in kind.files if not (target / f).exists()]
+
+        def undo_new_files() -> None:
+            for path in new_files:
+                if not path.is_dir():
+                    path.unlink(missing_ok=True)
+        return undo_new_files
+    existed = set(target.rglob("*"))
+
+    def undo_new_entries() -> None:
+        for path in sorted(target.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path not in existed:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+    return undo_new_entries
+
+
+def _remove_empty_parents(target: Path, anchor: Path) -> None:
+    """Remove the folders between ``target`` and ``anchor`` that are empty (created for ``target``)."""
+    for parent in target.parents:
+        if parent == anchor or anchor not in parent.parents:
+            return
+        try:
+            parent.rmdir()
+        except OSError:
+            return
+
+
+def _file_head(path: str | os.PathLike, size: int = 4096) -> bytes:
+    """The first ``size`` bytes of a file (none if it cannot be read): enough to recognise a kind of file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+def _head_schema(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return _claimed_schema(f.read(1 << 16))
+    except OSError:
+        return None
+
+
+# The outputs of the commands (an export folder is :data:`acstudio.export.exporter.EXPORT_FOLDER`).
+PROFILE_FILE = document_kind("profile", "acstudio.profile")
+PLAN_FILE = document_kind("plan", "acstudio.plan")
+SWEEP_TABLE = csv_kind("sweep table", "solver,budget_bytes,peak_bytes")
+VERIFY_RESULT = json_kind("verify result", frozenset({"passed", "comparisons", "recomputed"}))
+PROFILE_TABLES = FolderKind("profile tables", files={"nodes.csv": csv_kind("node table", "id,name,op,target"),
+                                                     "activations.csv": csv_kind("activation table", "id,bytes")})
+SCHEDULE_FOLDER = FolderKind("schedule", files={
+    "schedule.json": json_kind("schedule", frozenset({"profile_fingerprint", "solver", "schedule"})),
+    "schedule.csv": csv_kind("schedule table", "activation,decision,bytes")})
+PLOT_FOLDER = FolderKind("plots", files={name: png_kind("plot") for name in (
+    "peak_vs_batch.png", "time_vs_batch.png", "memory_vs_overhead.png")})
+BENCH_ENTRIES = frozenset({"bench.json", "bench.csv", "summary.md", "workers", "profiles"})
+
+
+def _earlier_bench(folder: Path) -> frozenset[str] | None:
+    """A benchmark folder is known by its ``bench.json``, or, cancelled before writing one, by holding only
+    what a benchmark writes."""
+    if _head_schema(folder / "bench.json") == "acstudio.bench":
+        return BENCH_ENTRIES
+    return BENCH_ENTRIES if {p.name for p in folder.iterdir()} <= BENCH_ENTRIES else None
+
+
+BENCH_FOLDER = FolderKind("benchmark folder", contents=_earlier_bench)
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds."""
-    target = Path(path)
+    """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds.
+
+    A symbolic link is written through (its target is replaced), so the link the user made stays."""
+    target = _resolved(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
@@ -123,22 +374,35 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder beside ``path``; it replaces ``path`` as a whole only if the block succeeds."""
-    target = Path(path)
+def atomic_dir(path: str | os.PathLike, before_replacing: Callable[[], None] = lambda: None) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; it replaces ``path`` as a whole only if the block succeeds.
+
+    ``before_replacing`` runs just before the swap (to check once more that ``path`` may go). The folder being
+    replaced is first moved into a new folder of a unique name, so nothing but this run's own moves is ever
+    deleted, and it is put back if the swap fails.
+    """
+    target = _resolved(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders; give the usual permissions
     try:
         yield tmp
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+        before_replacing()
+        if not target.exists():
+            tmp.rename(target)
+            return
+        holder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        old = holder / target.name
+        try:
             target.rename(old)
             tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
+        except BaseException:
+            if old.exists() and not target.exists():
+                old.rename(target)
+            if not old.exists():
+                holder.rmdir()
+            raise
+        shutil.rmtree(holder, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

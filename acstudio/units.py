@@ -13,6 +13,7 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
 }
+MAX_BUDGET_BYTES = 2**53  # 8192 TiB: past any device, and the most a plan file holds exactly
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*|%)\s*$", re.IGNORECASE)
 
 
@@ -40,6 +41,8 @@ def parse_budget(text: str, baseline_peak_bytes: int) -> int:
                             "KiB, MiB, GiB (or K, M, G) or %")
     if not math.isfinite(nbytes) or nbytes < 1:
         raise ACStudioError(f"the memory budget must be at least one byte, got {text!r} — give a positive size")
+    if nbytes > MAX_BUDGET_BYTES:
+        raise ACStudioError(f"the memory budget {text!r} is more than 8192TiB — give a size from 1B to 8192TiB")
     return round(nbytes)
 
 

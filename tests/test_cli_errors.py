@@ -12,7 +12,8 @@ import pytest
 
 from acstudio.cli import main
 from acstudio.errors import OutputPathError
-from acstudio.fileio import prepare_output_dir
+from acstudio.export.exporter import EXPORT_FOLDER
+from acstudio.fileio import check_output
 from acstudio.plan.solvers import plan as make_plan
 from acstudio.profile.model import Profile
 
@@ -113,24 +114,35 @@ CASES = {
     "unknown --config key": ([*GPT2_CPU, "--config", "n_layers=1", "--out", "p.json"], "did you mean n_layer"),
     "unknown torchvision --config key": ([*PROFILE_CPU, "--config", "num_clases=3", "--out", "p.json"],
                                          "did you mean num_classes"),
+    # a --config value the model's own code rejects is the user's field, not a bug of ours
+    "--config value of the wrong type": ([*GPT2_CPU, "--config", "n_layer=abc", "--out", "p.json"],
+                                         "cannot build it with --config n_layer=1 n_embd=16 n_head=2 vocab_size=50 "
+                                         "n_layer=abc"),
+    "--config dropout past 1": ([*GPT2_CPU, "--config", "resid_pdrop=2", "--out", "p.json"], "resid_pdrop=2:"),
+    "--config zero width": ([*GPT2_CPU, "--config", "n_embd=0", "--out", "p.json"], "n_embd=0:"),
+    "--config zero classes": ([*PROFILE_CPU, "--config", "num_classes=0", "--out", "p.json"], "num_classes=0:"),
+    "bench budget factor inf": (["bench", "resnet18", "-b", "2", "--device", "cpu", "--configs",
+                                 "rewritten@per-block*inf", "--out", "b"], "the factor after '*' must be a positive"),
     "budget without a unit": (["plan", S, "--budget", "85"], "has no unit — write 85%"),
-    "compiled plan in another mode": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "1GiB", "--mode",
+    "compiled plan in another mode": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "100MiB", "--mode",
                                        "again"], "runs the plan in the sac mode — leave out --mode again"),
-    "compiled step times that are not numbers": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "1GiB",
+    "compiled step times that are not numbers": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "100MiB",
                                                  "--compiled-step-ms", "fast,slow"], "are not two numbers"),
-    "one compiled step time": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "1GiB",
+    "one compiled step time": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "100MiB",
                                 "--compiled-step-ms", "23"], "are not two numbers"),
-    "a zero compiled step time": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "1GiB",
+    "a zero compiled step time": (["plan", S, "--budget", "85%", "--compiled-per-block-peak", "100MiB",
                                    "--compiled-step-ms", "0,2"], "must be positive milliseconds"),
     "compiled step times without the compiled peak": (["plan", S, "--budget", "85%", "--compiled-step-ms", "1,2"],
                                                       "give --compiled-per-block-peak too"),
-    "bad argument": (["profile", "resnet18", "-b", "two", "--out", "p.json"], "invalid int value"),
+    "bad argument": (["profile", "resnet18", "-b", "two", "--out", "p.json"], "expected a whole number from 1"),
     "plan with recomputed null to verify": (["verify", S, "--plan", NULL_PLAN], ""),
     "plan with recomputed null to export": (["export", S, "--plan", NULL_PLAN, "--out", "exp"], ""),
     "export --out .": (["export", S, "--plan", PLAN, "--out", "."], "holds the current folder"),
     "export --out ..": (["export", S, "--plan", PLAN, "--out", ".."], "holds the current folder"),
     "export --out . --force": (["export", S, "--plan", PLAN, "--out", ".", "--force"], "holds the current folder"),
-    "export into a user's folder": (["export", S, "--plan", PLAN, "--out", "../inputs"], "did not write"),
+    "export into a user's folder": (["export", S, "--plan", PLAN, "--out", "../inputs"], "an input of this command"),
+    "export into a user's folder --force": (["export", S, "--plan", PLAN, "--out", "../inputs/a_folder/..", "--force"],
+                                            "an input of this command"),
     "export into another manifest's folder": (["export", S, "--plan", PLAN, "--out", "../inputs/webapp"],
                                               "did not write"),
     # every writer, before it measures: the output's parent is a file
@@ -139,7 +151,7 @@ CASES = {
     "plan --out unwritable": (["plan", S, "--budget", "85%", "--out", BLOCKED], "is not a folder"),
     "plan --schedule unwritable": (["plan", S, "--budget", "85%", "--schedule", BLOCKED], "is not a folder"),
     "plan --sweep --out unwritable": (["plan", S, "--sweep", "--out", BLOCKED], "is not a folder"),
-    "plan --fsdp 0": (["plan", S, "--budget", "85%", "--fsdp", "0"], "the world size must be at least 1, not 0"),
+    "plan --fsdp 0": (["plan", S, "--budget", "85%", "--fsdp", "0"], "--fsdp: expected a whole number from 1 to 65536"),
     "plan --fsdp and --ddp": (["plan", S, "--budget", "85%", "--fsdp", "2", "--ddp", "2"], "were both given"),
     "export --out unwritable": (["export", S, "--plan", PLAN, "--out", BLOCKED], "is not a folder"),
     "verify --json unwritable": (["verify", S, "--plan", PLAN, "--json", BLOCKED], "is not a folder"),
@@ -195,9 +207,13 @@ def test_export_replaces_only_its_own_folders(workdir, capsys):
     user.mkdir()
     (user / "notes.txt").write_text("keep me")
     assert main(["export", S, "--plan", PLAN, "--out", "mine"]) == 2
-    assert (user / "notes.txt").read_text() == "keep me"
-    assert main(["export", S, "--plan", PLAN, "--out", "mine", "--force"]) == 0
-    assert (user / "manifest.json").is_file() and not (user / "notes.txt").exists()
+    assert main(["export", S, "--plan", PLAN, "--out", "mine", "--force"]) == 2  # never a folder we did not write
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"] and (user / "notes.txt").read_text() == "keep me"
+    (out / "notes.txt").write_text("added to an export")
+    assert main(["export", S, "--plan", PLAN, "--out", "exp"]) == 2
+    assert (out / "notes.txt").read_text() == "added to an export"
+    assert main(["export", S, "--plan", PLAN, "--out", "exp", "--force"]) == 0  # an earlier export: --force may
+    assert not (out / "notes.txt").exists() and (out / "manifest.json").is_file()
     (workdir / "work" / "empty").mkdir()
     assert main(["export", S, "--plan", PLAN, "--out", "empty"]) == 0
     capsys.readouterr()
@@ -229,14 +245,15 @@ def current_umask() -> int:
 
 
 def test_an_export_folder_is_known_by_any_of_its_markers(tmp_path, monkeypatch):
+    """Exports written before contents.json listed their files are known by their manifest or SAC policy."""
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "sac_only"
     folder.mkdir()
     (folder / "sac_policy.json").write_text(json.dumps({"schema": "acstudio.sac_policy", "version": 1}))
-    markers = {"manifest.json": "acstudio.export", "sac_policy.json": "acstudio.sac_policy"}
-    prepare_output_dir(folder, markers=markers)  # ours: accepted
+    check_output(folder, EXPORT_FOLDER)  # ours: accepted
+    (folder / "sac_policy.json").write_text(json.dumps({"schema": "someone.else", "version": 1}))
     with pytest.raises(OutputPathError, match="did not write"):
-        prepare_output_dir(folder)  # without that marker it is somebody else's
+        check_output(folder, EXPORT_FOLDER)  # without that marker it is somebody else's
     assert (folder / "sac_policy.json").is_file()
 
 

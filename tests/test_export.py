@@ -176,10 +176,11 @@ def test_failed_export_leaves_no_half_written_folder(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
     out.mkdir()
-    (out / "old.txt").write_text("previous export")
+    (out / "sac_policy.json").write_text(json.dumps({"schema": "acstudio.sac_policy", "version": 1}))
+    (out / "old.txt").write_text("added to an earlier export")
     with pytest.raises(RuntimeError, match="disk full"):
-        export(profile, ids, out, force=True)  # force: the folder is not one AC Studio wrote
-    assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["old.txt"]
+        export(profile, ids, out, force=True)  # force: the earlier export holds a file it did not write
+    assert os.listdir(tmp_path) == ["out"] and sorted(os.listdir(out)) == ["old.txt", "sac_policy.json"]
 
     monkeypatch.undo()
     export(profile, ids, out, force=True)  # a successful export replaces the folder as a whole
@@ -196,7 +197,7 @@ def test_formats_are_chosen_and_the_sac_policy_round_trips(tmp_path):
     *_, profile = captured("gpt2")
     plan = make_plan(profile, profile.peak_bytes, "recompute-all")
     files = export(profile, plan, tmp_path / "sac", formats=["sac"])
-    assert [os.path.basename(f) for f in files] == ["sac_policy.json"]
+    assert [os.path.basename(f) for f in files] == ["sac_policy.json", "contents.json"]
     loaded = load_policy(tmp_path / "sac")
     assert loaded == SacPolicy.from_plan(profile, plan.recomputed)
     form = simulate_sac(profile, plan.recomputed)

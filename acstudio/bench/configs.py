@@ -179,8 +179,8 @@ def _reference(arg: str) -> BudgetReference | None:
             factor = float(factor_text)
         except ValueError:
             factor = -1.0
-        if not factor > 0.0:
-            raise ACStudioError(f"{arg!r}: the factor after '*' must be a positive number, e.g. per-block*1.15")
+        if not 0.0 < factor < float("inf"):
+            raise ACStudioError(f"{arg!r}: the factor after '*' must be a positive number — e.g. per-block*1.15")
     return BudgetReference(BenchConfig.parse(base), factor)
 
 
@@ -192,7 +192,7 @@ def expand_configs(configs: list[str], budgets: list[str]) -> list[BenchConfig]:
         if config.kind == "rewritten" and config.arg is None:
             if not budgets:
                 raise ACStudioError("the rewritten configuration needs at least one budget (e.g. --budgets 60%,8GiB)")
-            expanded = [BenchConfig("rewritten", b.strip()) for b in budgets]
+            expanded = [BenchConfig.parse(f"rewritten@{b.strip()}") for b in budgets]  # each budget checked now
         else:
             expanded = [config]
         for c in expanded:

@@ -62,6 +62,8 @@ def chosen_formats(job: ExportJob, requested: list[str] | None) -> list[str]:
     """The requested format names (all that apply when ``None``), each checked to exist and apply."""
     if requested is None:
         return [name for name, fmt in FORMATS.items() if not fmt.unavailable(job)]
+    if not requested:
+        raise ExportError(f"no export format given — choose from {', '.join(FORMATS)}")
     for name in requested:
         if name not in FORMATS:
             raise ExportError(f"unknown export format {name!r} — choose from {', '.join(FORMATS)}")

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 
 import acstudio
+from acstudio.errors import ACStudioError
+from acstudio.fileio import check_output, png_kind
 
 PREFERRED_SAMPLE = "h200_resnet152_bs64_adam.json.gz"
 # What Qt's xcb platform plugin loads beyond Qt itself, and the Debian package of each. Without one of these
@@ -29,6 +31,8 @@ XCB_LIBRARIES = {
     "libfontconfig.so.1": "libfontconfig1", "libdbus-1.so.3": "libdbus-1-3", "libEGL.so.1": "libegl1",
     "libGL.so.1": "libgl1",
 }
+SCREENSHOT_MAKER = "AC Studio"
+SCREENSHOT = png_kind("screenshot", maker=SCREENSHOT_MAKER)
 USAGE = "usage: acstudio [FILE] | acstudio --screenshot OUT.png [FILE]"
 
 
@@ -68,6 +72,37 @@ def missing_xcb_packages(libraries: dict[str, str] = XCB_LIBRARIES) -> list[str]
     return missing
 
 
+def qt_platforms() -> set[str]:
+    """The platform plugins this Qt has (``xcb``, ``wayland``, ``offscreen``, ...), found without starting Qt."""
+    from PySide6.QtCore import QLibraryInfo
+
+    folder = Path(QLibraryInfo.path(QLibraryInfo.LibraryPath.PluginsPath)) / "platforms"
+    names = {p.name.split(".")[0].removeprefix("lib").removeprefix("q") for p in folder.glob("*q*")} \
+        if folder.is_dir() else set()
+    if any(n.startswith("wayland") for n in names):
+        names.add("wayland")
+    return names
+
+
+def display_problem() -> str:
+    """Why Qt could not open a window here ("" if it can): Qt would abort the process with many lines instead."""
+    requested = [p.split(":")[0] for p in os.environ.get("QT_QPA_PLATFORM", "").split(";") if p.strip()]
+    available = qt_platforms()
+    if requested and available and not any(p in available for p in requested):
+        return (f"QT_QPA_PLATFORM={os.environ['QT_QPA_PLATFORM']} names no Qt platform plugin here — use one of "
+                f"{', '.join(sorted(available))}, or unset it")
+    if sys.platform != "linux":
+        return ""
+    display, wayland = os.environ.get("DISPLAY"), os.environ.get("WAYLAND_DISPLAY")
+    first = requested[0] if requested else ("wayland" if wayland else "xcb")
+    if first == "xcb" and not display:
+        return ("no X display: DISPLAY is not set — run it in a desktop session (or ssh -X), or render a PNG "
+                "with acstudio --screenshot OUT.png")
+    if first.startswith("wayland") and not wayland:
+        return "no Wayland display: WAYLAND_DISPLAY is not set — run it in a desktop session, or unset QT_QPA_PLATFORM"
+    return ""
+
+
 def parse_args(argv: list[str]) -> tuple[str | None, str | None]:
     """``(screenshot path or None, file or None)``; raises ``ValueError`` with the usage line."""
     args = list(argv)
@@ -89,6 +124,16 @@ def main(argv: list[str]) -> int:
         return 2
     if shot is not None and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    try:
+        if shot is not None:
+            check_output(shot, SCREENSHOT)
+    except ACStudioError as exc:
+        print(f"acstudio: error: --screenshot: {exc}", file=sys.stderr)
+        return 2
+    problem = display_problem()
+    if problem:
+        print(f"acstudio: error: the window cannot open: {problem}", file=sys.stderr)
+        return 2
     missing = missing_xcb_packages() if uses_xcb() else []
     if missing:
         print(f"acstudio: error: the window cannot open: Qt's X11 plugin needs libraries that are not installed — "
@@ -143,7 +188,9 @@ def screenshot(out: str, target: Path | None) -> int:
             window.close()
             return 1
         window.wait_idle(120)
-        ok = window.grab().save(out)
+        image = window.grab().toImage()
+        image.setText("Software", SCREENSHOT_MAKER)  # so that a later screenshot knows the file as its own
+        ok = image.save(out)
         window.close()
     if ok:
         print(out)

@@ -37,6 +37,10 @@ def load_factory(reference: str):
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
+        except SystemExit as exc:
+            raise UnknownModelError(f"{reference!r}: importing {path} called sys.exit({exc.code!r}) — a model file "
+                                    "must not exit when imported; put its script part under "
+                                    "`if __name__ == '__main__':`") from exc
         except Exception as exc:
             raise UnknownModelError(f"{reference!r}: importing {path} failed: {exc} — fix the file") from exc
     else:
@@ -56,6 +60,9 @@ def build(spec: WorkloadSpec) -> Workload:
     factory = load_factory(spec.model)
     try:
         result = factory(spec.batch_size)
+    except SystemExit as exc:
+        raise ACStudioError(f"{spec.model}({spec.batch_size}) called sys.exit({exc.code!r}) — the factory must "
+                            "return (model, batch, loss_fn), not exit") from exc
     except Exception as exc:
         raise ACStudioError(f"{spec.model}({spec.batch_size}) raised {type(exc).__name__}: {exc} — fix the "
                             "factory (--debug shows where it failed)") from exc

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from acstudio.errors import ACStudioError
+from acstudio.errors import ACStudioError, ConfigError, one_line
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 # The optimizer classes a step can be captured with (a factory may return one of them itself).
@@ -167,7 +167,16 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     if ":" in spec.model:
         workload = custom.build(spec)
     else:
-        workload = zoo.build(spec)
+        try:
+            workload = zoo.build(spec)
+        except ACStudioError:
+            raise
+        except Exception as exc:  # a --config value the model's own code rejects (a type, a zero, a range)
+            if not spec.config:
+                raise
+            given = " ".join(f"{k}={v}" for k, v in spec.config)
+            raise ConfigError(f"{spec.model}: cannot build it with --config {given}: {one_line(exc)} — change "
+                              "those values (or leave them out for the model's defaults)") from exc
     if not any(p.requires_grad for p in workload.model.parameters()):
         raise ACStudioError(f"{spec.model}: the model has no trainable parameters, so there is no training step "
                             "to measure — give a model with parameters that require grad")
