@@ -204,3 +204,23 @@ def test_a_cancel_or_ctrl_c_stops_a_program_at_once():
     finish_programs()
     with pytest.raises(ZeroDivisionError):  # what the program raises reaches the caller
         interruptible(lambda: 1 / 0, None)
+
+
+def test_every_solver_plans_a_model_without_repeated_blocks(tmp_path):
+    """A two-layer MLP has no blocks to search over: every solver still answers with a plan (the block search
+    with its starting state), and auto picks one that fits a budget between the floor and the peak."""
+    from acstudio.cli import main
+    from acstudio.profile.model import Profile
+
+    (tmp_path / "mlp.py").write_text(
+        "import torch\n\n"
+        "def make(batch_size):\n"
+        "    torch.manual_seed(0)\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n"
+        "    return model, torch.randn(batch_size, 8), lambda m, b: m(b).square().mean()\n")
+    assert main(["profile", f"{tmp_path / 'mlp.py'}:make", "-b", "4", "--device", "cpu",
+                 "--out", str(tmp_path / "mlp.json")]) == 0
+    profile = Profile.load(tmp_path / "mlp.json")
+    for name in SOLVERS:
+        got = plan(profile, profile.peak_bytes, name)
+        assert got.feasible and got.predicted_peak_bytes <= profile.peak_bytes, name

@@ -143,6 +143,7 @@ class BlockSearch:
         but not strictly (a kept tensor can shorten a replay's transient), so: a grid of states, a binary search
         for the last fitting state after each fitting grid point, and the ``window`` states around it."""
         n = len(self.moves)
+        self.evaluate(0)  # a graph without repeated blocks or candidates outside them has no moves: state 0 only
 
         def fits(j: int) -> bool:
             return self.evaluate(j)[0] <= budget
