@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import REPLAY_MODES, get_mode
+from acstudio.simulate.offload import OffloadSchedule
 from acstudio.simulate.simulator import Simulator
 
 
@@ -54,10 +55,10 @@ class PlanContext:
 
     def make_plan(self, solver: str, budget: int, recomputed: list[int], entries: list[ScheduleEntry],
                   peak: int, peak_node: str, extra_ms: float, stop_reason: str | None = None,
-                  replay_mode: str = "again") -> Plan:
+                  replay_mode: str = "again", offload: OffloadSchedule | None = None) -> Plan:
         feasible = peak <= budget
         if stop_reason is None:
-            if not recomputed and feasible:
+            if not recomputed and offload is None and feasible:
                 stop_reason = "nothing to do: baseline fits"
             else:
                 stop_reason = "budget met" if feasible else "budget not met"
@@ -67,14 +68,20 @@ class PlanContext:
             predicted_peak_node=peak_node, predicted_extra_ms=float(extra_ms), feasible=feasible,
             stop_reason=stop_reason, floor_bytes=self.floor_bytes, baseline_peak_bytes=self.sim.baseline_peak,
             activation_bytes=self.activation_bytes, excluded=self.excluded, replay_mode=replay_mode,
-            keep_random=self.rg.keep_random)
+            keep_random=self.rg.keep_random, **offload_fields(self.rg, offload))
 
     def plan_for_set(self, solver: str, budget: int, recomputed: list[int], stop_reason: str | None = None,
-                     mode: str = "again", ratios: dict[int, float] | None = None) -> Plan:
-        """Simulate ``recomputed`` (activation indices, in choice order) replayed in ``mode`` and wrap it as a
-        plan. ``ratios`` (a solver's own recompute ratios) replace ``bytes / replay time`` in the schedule."""
-        sched = get_mode(mode).schedule(self.sim, recomputed)
-        peak, pos, _ = get_mode(mode).evaluate(self.sim, sched)
+                     mode: str = "again", ratios: dict[int, float] | None = None, offloaded: Sequence[int] = ()
+                     ) -> Plan:
+        """Simulate ``recomputed`` (activation indices, in choice order) replayed in ``mode``, and ``offloaded``
+        copied to the host and back, and wrap it as a plan. ``ratios`` (a solver's own recompute ratios) replace
+        ``bytes / replay time`` in the schedule."""
+        replay = get_mode(mode)
+        sched = replay.schedule(self.sim, recomputed)
+        offload = replay.offload(self.sim, sched, offloaded)
+        if offload is not None and not offload.offloaded.size:
+            offload = None  # none of them could be offloaded beside these replays
+        peak, pos, _ = replay.evaluate_with(self.sim, sched, offload)
         made = {k: r for r in sched.replays for k in r.outputs}
         recomputed = [k for k in recomputed if k in made]  # a mode may free less than asked ("sac": whole ops)
         entries = []
@@ -86,5 +93,15 @@ class PlanContext:
             else:  # produced by an earlier replay on its way
                 entries.append(dataclasses.replace(self.entry(k, (), (), r.nodes[:0], 0.0, 0.0),
                                                    recompute_before=self.sim.node_ids[r.at]))
-        return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], sched.extra_ms,
-                              stop_reason, replay_mode=mode)
+        stall = offload.stall_ms if offload is not None else 0.0
+        return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], sched.extra_ms + stall,
+                              stop_reason, replay_mode=mode, offload=offload)
+
+
+def offload_fields(rg, offload: OffloadSchedule | None) -> dict[str, Any]:
+    """The plan fields that say what a plan offloads (by first backward use) and what that costs."""
+    if offload is None:
+        return {}
+    order = sorted(offload.offloaded.tolist(), key=lambda k: (rg.first_bw[k], rg.created[k], k))
+    return {"offloaded": [rg.act_ids[k] for k in order], "offload_bytes": offload.moved_bytes,
+            "offload_stall_ms": offload.stall_ms, "host_bytes": offload.host_bytes}

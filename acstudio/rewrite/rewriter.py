@@ -53,6 +53,7 @@ from acstudio.capture.serialize import target_name
 from acstudio.capture.step import CapturedStep
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.profile.model import Profile
+from acstudio.rewrite.offload import Offload, insert_offload
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import RNG_STATE_BYTES
 
@@ -83,6 +84,7 @@ class RewrittenStep(CapturedStep):
     """A captured step whose graph frees and recomputes the planned activations."""
 
     recomputations: list[Recomputation] = field(default_factory=list)
+    offloads: list[Offload] = field(default_factory=list)
 
     @property
     def replay_ms(self) -> float:
@@ -91,11 +93,12 @@ class RewrittenStep(CapturedStep):
 
 class PlannedActivations(list):
     """A plan's recomputed activation ids, carrying how the plan replays them (``Plan.replay_mode``,
-    ``Plan.keep_random``), so that callers passing them on to :func:`rewrite_step` (verify, export) rewrite the
-    step the plan was priced for."""
+    ``Plan.keep_random``) and what it offloads (``Plan.offloaded``), so that callers passing them on to
+    :func:`rewrite_step` (verify, export) rewrite the step the plan was priced for."""
 
     replay_mode = "again"
     keep_random = False
+    offloaded: tuple[str, ...] = ()
 
 
 def plan_activations(plan, profile: Profile) -> list[str]:
@@ -106,6 +109,7 @@ def plan_activations(plan, profile: Profile) -> list[str]:
     ids = PlannedActivations(plan.recomputed)
     ids.replay_mode = plan.replay_mode
     ids.keep_random = bool(getattr(plan, "keep_random", False))
+    ids.offloaded = tuple(getattr(plan, "offloaded", ()))
     return ids
 
 
@@ -116,26 +120,53 @@ def rewrite(step: CapturedStep, profile: Profile, plan) -> RewrittenStep:
 
 
 def rewrite_step(step: CapturedStep, profile: Profile, recomputed: Collection[str], *,
-                 replay_mode: str | None = None, keep_random: bool | None = None) -> RewrittenStep:
-    """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward.
+                 replay_mode: str | None = None, keep_random: bool | None = None,
+                 offloaded: Collection[str] | None = None) -> RewrittenStep:
+    """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward,
+    and copies each in ``offloaded`` to host memory and back (:mod:`acstudio.rewrite.offload`).
 
     ``step`` must be the graph ``profile`` was measured on (same nodes in the same order, e.g. from
     ``deserialize_step(profile.graph)``); it is not modified. Replays follow ``replay_mode``, by default the mode
     of the plan ``recomputed`` comes from (:func:`plan_activations`), else ``"again"``; random ops are replayed
     with their forward's generator state unless ``keep_random`` (by default: the plan's) says never to.
+    ``offloaded`` defaults to the plan's; the copies go where the simulator schedules them for this plan.
     """
     mode = get_mode(replay_mode or getattr(recomputed, "replay_mode", "again"))
     if keep_random is None:
         keep_random = getattr(recomputed, "keep_random", False)
+    if offloaded is None:
+        offloaded = getattr(recomputed, "offloaded", ())
     gm = fx.GraphModule(step.gm, copy.deepcopy(step.gm.graph))
     ids = [n.meta.get("ac_id") for n in gm.graph.nodes]
     if ids != [r.id for r in profile.nodes]:
         raise PlanMismatchError("this graph is not the one the profile was measured on (node ids differ)")
     recs = _Rewriter(gm, profile, mode.shares_chains, keep_random).apply(recomputed)
+    offloads = _offload(gm, profile, mode, list(dict.fromkeys(recomputed)), list(offloaded), keep_random)
     gm.graph.lint()
     gm.recompile()
     return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), optimizer=step.optimizer,
-                         recomputations=recs)
+                         recomputations=recs, offloads=offloads)
+
+
+def _offload(gm: fx.GraphModule, profile: Profile, mode, recomputed: list[str], offloaded: list[str],
+             keep_random: bool) -> list[Offload]:
+    """Insert the copies of ``offloaded`` where the simulator schedules them beside the plan's replays."""
+    if not offloaded:
+        return []
+    from acstudio.simulate.modes import offload_indices
+    from acstudio.simulate.simulator import Simulator
+
+    sim = Simulator(profile, keep_random=keep_random)
+    try:
+        ks = offload_indices(sim, offloaded)
+        schedule = mode.offload(sim, mode.schedule(sim, sim.indices(recomputed)), ks)
+    except ACStudioError as exc:
+        raise RewriteError(str(exc)) from None
+    dropped = [sim.replay.act_ids[k] for k in sorted(set(ks) - set(schedule.offloaded.tolist()))]
+    if dropped:
+        raise RewriteError(f"activation {dropped[0]} cannot be offloaded in this plan: it is recomputed, or a "
+                           "recomputation reads it while it would be on the host")
+    return insert_offload(gm, profile, schedule, sim.offload_facts)
 
 
 @dataclass
