@@ -9,7 +9,9 @@ import pytest
 import torch
 from test_rewrite import captured, run_from
 
+from acstudio.cli import main
 from acstudio.errors import CorruptFileError
+from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.validation import check_plan_derivation
@@ -143,3 +145,41 @@ def test_plan_with_offload_round_trips_and_rewrites_as_planned(tmp_path):
     both = dataclasses.replace(back, offloaded=[*back.offloaded, back.recomputed[0]]).to_dict()
     with pytest.raises(CorruptFileError, match="recomputed too"):
         Plan.from_dict(both, "plan.json")
+
+
+def on_gpu(profile, **link):
+    """The profile as if measured on a GPU (a CPU profile plans no offload: its device memory is the host's)."""
+    env = {**profile.environment, "device_type": "cuda"}
+    return dataclasses.replace(profile, environment=env, host_link=HostLink(**link) if link else None)
+
+
+def test_planner_offloads_where_copies_hide_and_recomputes_where_they_would_stall():
+    *_, step, profile = captured("gpt2")
+    budget = int(profile.peak_bytes * 0.9)
+    assert not make_plan(profile, budget).offloaded, "a CPU profile has no link to offload over"
+    gpu = on_gpu(profile)
+    plan = make_plan(gpu, budget)
+    recompute_only = make_plan(gpu, budget, offload=False)
+    assert plan.feasible and plan.offloaded and plan.copies_hidden and "offloaded" in plan.stop_reason
+    assert not recompute_only.offloaded and recompute_only.feasible
+    assert plan.predicted_extra_ms < recompute_only.predicted_extra_ms
+    assert plan.offload_bytes == sum(plan.activation_bytes[a] for a in plan.offloaded) == plan.host_bytes
+    assert max(live_bytes(rewrite(step, gpu, plan).gm, gpu)) == plan.predicted_peak_bytes <= budget
+    capped = make_plan(gpu, budget, host_memory=plan.host_bytes // 2)
+    assert capped.host_bytes <= plan.host_bytes // 2
+    slow = make_plan(on_gpu(profile, d2h_gb_s=1e-4, h2d_gb_s=1e-4, duplex_gb_s=1e-4, host_free_bytes=2**30), budget)
+    assert not slow.offloaded and slow.predicted_extra_ms == pytest.approx(recompute_only.predicted_extra_ms)
+
+
+def test_cli_plans_offload_by_default_and_not_with_no_offload(tmp_path, capsys):
+    *_, profile = captured("gpt2")
+    path = tmp_path / "gpu.json"
+    on_gpu(profile).save(path)
+    assert main(["plan", str(path), "--budget", "90%", "--out", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "offload: " in out and "not measured: priced at the default link" in out and "copies hidden" in out
+    assert Plan.load(tmp_path / "a.json").offloaded
+    assert main(["plan", str(path), "--budget", "90%", "--no-offload", "--out", str(tmp_path / "b.json")]) == 0
+    assert "offload: " not in capsys.readouterr().out and not Plan.load(tmp_path / "b.json").offloaded
+    assert main(["plan", str(path), "--budget", "90%", "--host-memory", "1KiB", "--out", str(tmp_path / "c.json")]) == 0
+    assert Plan.load(tmp_path / "c.json").host_bytes <= 1024

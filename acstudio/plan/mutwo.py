@@ -18,6 +18,7 @@ step whose reported peak fits.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -30,8 +31,10 @@ from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
-from acstudio.simulate.replay import ReplayGraph
+from acstudio.simulate.offload import offload_schedule
+from acstudio.simulate.replay import Replay, ReplayGraph
 from acstudio.simulate.simulator import SimState, Simulator
+from acstudio.units import format_bytes
 
 BUDGET_MET = "budget met"
 BASELINE_FITS = "nothing to do: baseline fits"
@@ -303,3 +306,89 @@ def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progr
                      cancel: CancelToken | None = None) -> Trajectory:
     """The complete μ-TWO greedy run for ``profile`` (the memory/time Pareto curve)."""
     return run_trajectory(PlanContext(profile, simulator), progress=progress, cancel=cancel)
+
+
+# -- the third choice: offload ---------------------------------------------------------------------------------
+
+def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None) -> Plan | None:
+    """μ-TWO's Algorithm B with both branches: keep, recompute or offload, under ``budget`` and the context's
+    host-memory cap; None when the context does not offload (:attr:`PlanContext.may_offload`) or the baseline fits.
+
+    Each step compares the best swap candidate, the activation with the largest inactive time among those whose
+    time off the device spans the current peak (others cannot lower it), whose bytes fit the host memory left
+    and that no recomputation reads, priced at the stall it adds to the simulated step
+    (:mod:`acstudio.simulate.offload`), against the best recompute candidate, the largest recompute ratio,
+    priced at its total recompute time (Alg D). The cheaper is taken; ties go to the swap, which costs no compute.
+    Recompute picks keep Alg E/F's bookkeeping (:class:`_Greedy`), and a recompute candidate that would read an
+    offloaded activation in the gap is passed over. The loop stops when the peak fits or neither branch has a
+    candidate. The plan is then priced in both replay modes that can offload, and the faster that fits is kept.
+    """
+    sim, rg = ctx.sim, ctx.rg
+    if not ctx.may_offload or sim.baseline_peak <= budget:
+        return None
+    facts = sim.offload_facts
+    g = _Greedy(ctx)
+    inactive = np.array([a.inactive_time_ms for a in ctx.profile.activations])
+    swaps = sorted(np.flatnonzero(facts.offloadable).tolist(), key=lambda k: (-inactive[k], -rg.bytes[k], k))
+    offloaded: list[int] = []
+    host_left = ctx.host_memory
+    peak, pos, _, schedule = _with_offload(g, offloaded)
+    while peak > budget:
+        check(cancel)
+        taken = set(offloaded)
+        swap = next((k for k in swaps if k not in taken and not g.mask[k] and rg.bytes[k] <= host_left
+                     and g.state.keep_until[k] < 0 and rg.last_fw[k] < pos < rg.first_bw[k]), None)
+        recompute = _best_recompute(g, taken)
+        swap_cost = np.inf
+        if swap is not None:
+            trial = _with_offload(g, [*offloaded, swap])
+            swap_cost = trial[3].stall_ms - schedule.stall_ms
+        if swap is None and recompute is None:
+            break
+        if recompute is None or swap_cost <= g.time[recompute] * (1 + g.n_dep[recompute]):
+            offloaded.append(swap)
+            host_left -= int(rg.bytes[swap])
+            if swap in g.slot:  # an offloaded activation is no longer a recompute candidate
+                g.ratio[g.slot[swap]] = -np.inf
+            peak, pos, _, schedule = trial
+        else:
+            g.pick()
+            peak, pos, _, schedule = _with_offload(g, offloaded)
+    if not offloaded:
+        return None
+    recomputed = list(g.pick_ratio)
+    plans = [ctx.plan_for_set("mutwo", budget, recomputed, mode=mode, ratios=g.pick_ratio, offloaded=offloaded)
+             for mode in ("again", "shared")]
+    fitting = [p for p in plans if p.feasible]
+    best = (min(fitting, key=lambda p: p.predicted_extra_ms) if fitting
+            else min(plans, key=lambda p: p.predicted_peak_bytes))
+    hidden = "copies hidden" if best.copies_hidden else f"copies stall {best.offload_stall_ms:.2f} ms"
+    reason = BUDGET_MET if best.feasible else "budget not met"
+    return dataclasses.replace(best, stop_reason=f"{reason}: {len(best.offloaded)} activations offloaded "
+                                                 f"({format_bytes(best.offload_bytes)} each way, {hidden})")
+
+
+def _best_recompute(g: _Greedy, offloaded: set[int]) -> int | None:
+    """The recompute candidate μ-TWO picks next (the one :meth:`_Greedy.pick` takes), after passing over those
+    whose replay would read an offloaded activation."""
+    while g.ratio.size:
+        i = int(np.argmax(g.ratio))
+        if g.ratio[i] == -np.inf:
+            return None
+        k = g.order[i]
+        if not offloaded.intersection(g.sources[k]):
+            return k
+        g.ratio[i] = -np.inf
+    return None
+
+
+def _with_offload(g: _Greedy, offloaded: list[int]):
+    """(peak, position, during a replay, offload schedule) of the greedy's recompute set with ``offloaded``."""
+    sim, rg = g.ctx.sim, g.rg
+    replays = [Replay(int(rg.first_bw[k]), (int(k),), (), (), (), g.nodes[k], float(g.time[k]), 0)
+               for k in np.flatnonzero(g.mask)]
+    schedule = offload_schedule(sim, offloaded, replays, g.state.keep_until)
+    node, between = schedule.memory(sim)
+    peak, pos, before = sim.peak_of(g.state.acts_node + node, g.state.acts_between + between, g.mask,
+                                    g.state.transient)
+    return peak, pos, before, schedule

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterable, Sequence
 from functools import cached_property
@@ -15,16 +16,39 @@ from acstudio.simulate.modes import REPLAY_MODES, get_mode
 from acstudio.simulate.offload import OffloadSchedule
 from acstudio.simulate.simulator import Simulator
 
+# Share of the host's free memory a plan may offload into when no cap is given: the rest stays for the data loader,
+# the page cache and whatever else the training process keeps on the host.
+HOST_MEMORY_SHARE = 0.5
+
 
 class PlanContext:
-    """Per-profile facts every plan repeats (fingerprint, activation sizes, exclusions), computed once."""
+    """Per-profile facts every plan repeats (fingerprint, activation sizes, exclusions), computed once, and what
+    the solvers may do besides recomputing: offload activations to host memory (``offload``), within
+    ``host_memory`` bytes (default: :data:`HOST_MEMORY_SHARE` of the free host memory the profile recorded)."""
 
-    def __init__(self, profile: Profile, simulator: Simulator | None = None) -> None:
+    def __init__(self, profile: Profile, simulator: Simulator | None = None, *, offload: bool = True,
+                 host_memory: int | None = None) -> None:
         self.profile = profile
         self.sim = simulator or Simulator(profile)
         self.rg = self.sim.replay
         self.node_ids = np.array(self.sim.node_ids, dtype=object)
         self.cache: dict[str, Any] = {}  # what several solvers share (see acstudio.plan.solvers)
+        self.offload = offload
+        self.host_memory = (int(HOST_MEMORY_SHARE * profile.link.host_bytes) if host_memory is None
+                            else int(host_memory))
+
+    @property
+    def may_offload(self) -> bool:
+        """Whether solvers consider offload: asked for, with host memory to offload into, and on a GPU (on a CPU
+        device the host memory is the device memory: a copy frees nothing)."""
+        return (self.offload and self.host_memory > 0
+                and self.profile.environment.get("device_type", "cpu") != "cpu")
+
+    def without_offload(self) -> PlanContext:
+        """This context (same simulator and cache) with offload turned off."""
+        ctx = copy.copy(self)
+        ctx.offload = False
+        return ctx
 
     @cached_property
     def activation_bytes(self) -> dict[str, int]:

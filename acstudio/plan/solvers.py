@@ -27,7 +27,7 @@ from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken, ProgressFn, check
 from acstudio.plan import baselines
 from acstudio.plan.model import Plan
-from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED, Trajectory, run_trajectory
+from acstudio.plan.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED, Trajectory, offload_plan, run_trajectory
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
@@ -72,11 +72,14 @@ def best_of(plans: Collection[Plan]) -> Plan:
 
 # -- μ-TWO and the exact program -----------------------------------------------------------------------------
 
-@solver("mutwo", "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster")
+@solver("mutwo", "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster, and offloading "
+                 "to host memory where that is cheaper")
 def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     if ctx.sim.baseline_peak <= budget:
         return ctx.plan_for_set("mutwo", budget, [], BASELINE_FITS)
-    return trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
+    recompute_only = trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
+    with_offload = offload_plan(ctx, budget, cancel)
+    return recompute_only if with_offload is None else best_of([recompute_only, with_offload])
 
 
 # Time limits of the programs: a plan asked for on its own, and each point of a sweep. Sweeps (the GUI's Pareto
@@ -247,6 +250,7 @@ def plan_for_mode(ctx: PlanContext, budget: int, mode: str, solver: str = "auto"
     set fits in ``mode``. Sets are priced once each; a solver whose set does not change down to the floor is
     asked twice only."""
     get_mode(mode)  # a clear error for an unknown mode before any search
+    ctx = ctx.without_offload()  # sets are priced in the mode, which may not offload
     priced: dict[tuple[int, ...], Plan] = {}
 
     def price(name: str, target: int) -> Plan:
@@ -320,13 +324,15 @@ def fill_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: 
 
 
 def plan(profile: Profile, budget_bytes: int, solver: str = "auto", simulator: Simulator | None = None,
-         cancel: CancelToken | None = None, ctx: PlanContext | None = None, mode: str | None = None) -> Plan:
+         cancel: CancelToken | None = None, ctx: PlanContext | None = None, mode: str | None = None,
+         offload: bool = True, host_memory: int | None = None) -> Plan:
     """Plan one budget with ``solver`` (a name in :data:`SOLVERS`); pass ``ctx`` to reuse what earlier calls
-    computed for the same profile. ``mode`` (a replay mode) plans for that mode: the plan's peak in it fits
-    (:func:`plan_for_mode`; ``auto`` searches every solver it knows); without it each solver picks its modes."""
+    computed for the same profile (it then says whether to offload). ``mode`` (a replay mode) plans for that mode:
+    the plan's peak in it fits (:func:`plan_for_mode`; ``auto`` searches every solver it knows); without it each
+    solver picks its modes. ``offload``, ``host_memory``: see :class:`~acstudio.plan.schedule.PlanContext`."""
     if solver not in SOLVERS:
         raise ACStudioError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    ctx = ctx or PlanContext(profile, simulator)
+    ctx = ctx or PlanContext(profile, simulator, offload=offload, host_memory=host_memory)
     if mode is not None:
         return plan_for_mode(ctx, budget_bytes, mode, solver, cancel)
     return SOLVERS[solver].solve(ctx, budget_bytes, cancel=cancel)
