@@ -7,8 +7,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_rewrite import captured, run_from
+from conftest import gpu, tiny_spec
+from test_rewrite import captured, quick_profile, run_from
 
+from acstudio.capture import capture_step
 from acstudio.cli import main
 from acstudio.errors import CorruptFileError
 from acstudio.plan import plan as make_plan
@@ -22,6 +24,7 @@ from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.simulator import Simulator
+from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
 
 
@@ -183,3 +186,22 @@ def test_cli_plans_offload_by_default_and_not_with_no_offload(tmp_path, capsys):
     assert "offload: " not in capsys.readouterr().out and not Plan.load(tmp_path / "b.json").offloaded
     assert main(["plan", str(path), "--budget", "90%", "--host-memory", "1KiB", "--out", str(tmp_path / "c.json")]) == 0
     assert Plan.load(tmp_path / "c.json").host_bytes <= 1024
+
+
+@gpu
+def test_cuda_copies_run_on_side_streams_into_a_pinned_pool_bitwise():
+    spec = tiny_spec("gpt2")
+    w = build_workload(spec).to(torch.device("cuda"))
+    opt = w.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn)
+    profile = quick_profile(spec, step)
+    new = rewrite_step(step, profile, [], offloaded=offloadable(Simulator(profile)))
+    expected = run_from(step, w.model, opt, spec.optimizer, w.batch)
+    runtime = getattr(new.gm, runtime_module.RUNTIME_ATTR)
+    for _ in range(3):
+        got = run_from(new, w.model, opt, spec.optimizer, w.batch)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert runtime.pool.is_pinned() and runtime.streams is not None
+    first = runtime.pool.data_ptr()
+    run_from(new, w.model, opt, spec.optimizer, w.batch)
+    assert runtime.pool.data_ptr() == first
