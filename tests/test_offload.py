@@ -15,6 +15,7 @@ from acstudio.cli import main
 from acstudio.errors import CorruptFileError
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
+from acstudio.plan.peak import explain_peak
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.validation import check_plan_derivation
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
@@ -168,6 +169,8 @@ def test_planner_offloads_where_copies_hide_and_recomputes_where_they_would_stal
     assert plan.predicted_extra_ms < recompute_only.predicted_extra_ms
     assert plan.offload_bytes == sum(plan.activation_bytes[a] for a in plan.offloaded) == plan.host_bytes
     assert max(live_bytes(rewrite(step, gpu, plan).gm, gpu)) == plan.predicted_peak_bytes <= budget
+    report = explain_peak(PlanContext(gpu), plan)
+    assert report.node == plan.predicted_peak_node and report.total == plan.predicted_peak_bytes
     capped = make_plan(gpu, budget, host_memory=plan.host_bytes // 2)
     assert capped.host_bytes <= plan.host_bytes // 2
     slow = make_plan(on_gpu(profile, d2h_gb_s=1e-4, h2d_gb_s=1e-4, duplex_gb_s=1e-4, host_free_bytes=2**30), budget)

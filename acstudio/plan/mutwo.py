@@ -310,50 +310,84 @@ def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progr
 
 # -- the third choice: offload ---------------------------------------------------------------------------------
 
+# Host-memory caps offload_plan tries below the context's, each half the bytes the previous plan moved, while that
+# plan stalls: the greedy compares one step's stall with one recompute, and a plan that moves less can be faster.
+OFFLOAD_CAP_HALVINGS = 2
+
+
 def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None) -> Plan | None:
-    """μ-TWO's Algorithm B with both branches: keep, recompute or offload, under ``budget`` and the context's
-    host-memory cap; None when the context does not offload (:attr:`PlanContext.may_offload`) or the baseline fits.
+    """The fastest of :func:`offload_greedy`'s plans under the context's host-memory cap and, while those stall, under
+    :data:`OFFLOAD_CAP_HALVINGS` smaller caps; None when the context does not offload
+    (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads."""
+    if not ctx.may_offload or ctx.sim.baseline_peak <= budget:
+        return None
+    plans: list[Plan] = []
+    cap = ctx.host_memory
+    for _ in range(OFFLOAD_CAP_HALVINGS + 1):
+        found = offload_greedy(ctx, budget, cap, cancel)
+        if found is None:
+            break
+        plans.append(found)
+        if found.copies_hidden or not found.feasible:
+            break
+        cap = found.offload_bytes // 2
+    if not plans:
+        return None
+    fitting = [p for p in plans if p.feasible]
+    return (min(fitting, key=lambda p: (round(p.predicted_extra_ms, 6), p.offload_bytes)) if fitting
+            else min(plans, key=lambda p: p.predicted_peak_bytes))
+
+
+def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelToken | None = None) -> Plan | None:
+    """μ-TWO's Algorithm B with both branches: keep, recompute or offload, under ``budget`` and ``host_cap`` bytes
+    of host memory (None if it offloads nothing).
 
     Each step compares the best swap candidate, the activation with the largest inactive time among those whose
     time off the device spans the current peak (others cannot lower it), whose bytes fit the host memory left
     and that no recomputation reads, priced at the stall it adds to the simulated step
     (:mod:`acstudio.simulate.offload`), against the best recompute candidate, the largest recompute ratio,
     priced at its total recompute time (Alg D). The cheaper is taken; ties go to the swap, which costs no compute.
-    Recompute picks keep Alg E/F's bookkeeping (:class:`_Greedy`), and a recompute candidate that would read an
-    offloaded activation in the gap is passed over. The loop stops when the peak fits or neither branch has a
-    candidate. The plan is then priced in both replay modes that can offload, and the faster that fits is kept.
+    Recompute picks keep Alg E/F's bookkeeping (:class:`_Greedy`); a recompute candidate that would read an
+    offloaded activation in the gap is passed over, and an offloaded activation that a later pick's replay comes
+    to read is kept on the device again (and may be recomputed). The loop stops when the peak fits or neither
+    branch has a candidate. The plan is then priced in both replay modes that can offload, and the faster that
+    fits is kept.
     """
     sim, rg = ctx.sim, ctx.rg
-    if not ctx.may_offload or sim.baseline_peak <= budget:
-        return None
-    facts = sim.offload_facts
     g = _Greedy(ctx)
     inactive = np.array([a.inactive_time_ms for a in ctx.profile.activations])
-    swaps = sorted(np.flatnonzero(facts.offloadable).tolist(), key=lambda k: (-inactive[k], -rg.bytes[k], k))
+    swaps = sorted(np.flatnonzero(sim.offload_facts.offloadable).tolist(),
+                   key=lambda k: (-inactive[k], -rg.bytes[k], k))
     offloaded: list[int] = []
-    host_left = ctx.host_memory
+    tried: set[int] = set()
+    host_left = host_cap
     peak, pos, _, schedule = _with_offload(g, offloaded)
     while peak > budget:
         check(cancel)
-        taken = set(offloaded)
-        swap = next((k for k in swaps if k not in taken and not g.mask[k] and rg.bytes[k] <= host_left
+        swap = next((k for k in swaps if k not in tried and not g.mask[k] and rg.bytes[k] <= host_left
                      and g.state.keep_until[k] < 0 and rg.last_fw[k] < pos < rg.first_bw[k]), None)
-        recompute = _best_recompute(g, taken)
+        recompute = _best_recompute(g, set(offloaded))
+        if swap is None and recompute is None:
+            break
         swap_cost = np.inf
         if swap is not None:
             trial = _with_offload(g, [*offloaded, swap])
             swap_cost = trial[3].stall_ms - schedule.stall_ms
-        if swap is None and recompute is None:
-            break
         if recompute is None or swap_cost <= g.time[recompute] * (1 + g.n_dep[recompute]):
             offloaded.append(swap)
+            tried.add(swap)
             host_left -= int(rg.bytes[swap])
             if swap in g.slot:  # an offloaded activation is no longer a recompute candidate
                 g.ratio[g.slot[swap]] = -np.inf
             peak, pos, _, schedule = trial
-        else:
-            g.pick()
-            peak, pos, _, schedule = _with_offload(g, offloaded)
+            continue
+        g.pick()
+        for k in [k for k in offloaded if g.state.keep_until[k] >= 0]:  # a replay reads it now: back on the device
+            offloaded.remove(k)
+            host_left += int(rg.bytes[k])
+            if k in g.slot:
+                g._rate(k)
+        peak, pos, _, schedule = _with_offload(g, offloaded)
     if not offloaded:
         return None
     recomputed = list(g.pick_ratio)

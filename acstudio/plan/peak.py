@@ -52,12 +52,15 @@ def explain_peak(ctx: PlanContext, plan: Plan, result: SimResult | None = None) 
     """Split ``plan``'s predicted peak at its peak node; ``result``: the plan already simulated in its replay mode
     (simulated here if not given)."""
     sim, rg, profile = ctx.sim, ctx.rg, ctx.profile
-    result = result or simulate_plan(sim, plan.recomputed, plan.replay_mode)
+    result = result or simulate_plan(sim, plan.recomputed, plan.replay_mode, plan.offloaded)
     pos = profile.node_index[result.peak_node]
     row = dict(zip(TIMELINE_CATEGORIES, result.timeline[pos].tolist()))
     recomputed = np.zeros(len(rg.bytes), dtype=bool)
     recomputed[sim.indices(plan.recomputed)] = True
     alive = (rg.created <= pos) & (pos <= rg.last_bw) & ~(recomputed & (rg.last_fw < pos) & (pos < rg.first_bw))
+    if result.offload is not None:  # offloaded activations are on the host from their release to their prefetch
+        off = result.offload
+        alive[off.offloaded[(off.release <= pos) & (pos < off.prefetch)]] = False
     freeable = int(rg.bytes[alive & rg.is_candidate & ~recomputed].sum())
     acts = row.pop("retained_activations")
     nd = profile.nodes[pos]

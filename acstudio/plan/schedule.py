@@ -24,9 +24,12 @@ HOST_MEMORY_SHARE = 0.5
 class PlanContext:
     """Per-profile facts every plan repeats (fingerprint, activation sizes, exclusions), computed once, and what
     the solvers may do besides recomputing: offload activations to host memory (``offload``), within
-    ``host_memory`` bytes (default: :data:`HOST_MEMORY_SHARE` of the free host memory the profile recorded)."""
+    ``host_memory`` bytes (default: :data:`HOST_MEMORY_SHARE` of the free host memory the profile recorded).
 
-    def __init__(self, profile: Profile, simulator: Simulator | None = None, *, offload: bool = True,
+    A context offloads only when asked, so that a caller that shows or runs plans as recompute sets gets no plan
+    it cannot show; :func:`acstudio.plan.solvers.plan` and ``acstudio plan`` ask by default."""
+
+    def __init__(self, profile: Profile, simulator: Simulator | None = None, *, offload: bool = False,
                  host_memory: int | None = None) -> None:
         self.profile = profile
         self.sim = simulator or Simulator(profile)

@@ -60,6 +60,8 @@ class OffloadFacts:
                 self.ready[k] = max([alone[0], *writers])
             if not alone:
                 why = "no forward node holds it alone (a multi-output op's storage)"
+            elif nodes[rg.last_bw[k]].op == "output":
+                why = "the step returns it"
             elif rg.first_bw[k] <= rg.last_fw[k] + 1:
                 why = "no node runs between its last forward and first backward use"
             elif a.bytes < MIN_OFFLOAD_BYTES:
