@@ -185,6 +185,10 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
     by_id = {n.meta["ac_id"]: n for n in graph.nodes}
     original = [by_id[r.id] for r in profile.nodes]
     tensors = {t.id: t for t in profile.tensors}
+    held: dict[str, list[str]] = {}  # original node id -> storages it holds
+    for t in profile.tensors:
+        for h in (t.created_at, *t.aliases):
+            held.setdefault(h, []).append(t.id)
     act_ids = [a.id for a in profile.activations]
     ks = schedule.offloaded.tolist()
     runtime = OffloadRuntime([act_ids[k] for k in ks], [int(b) for b in schedule.bytes])
@@ -214,16 +218,16 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
             node = graph.call_function(offload_to_host, (rt, slot, source))
         _label(node, f"{sid}@d2h", "forward", [])
         with graph.inserting_before(before_replays(int(schedule.release[slot]))):
-            node = graph.call_function(offload_release, (rt, slot, source, *wanted))
-        _label(node, f"{sid}@release", "forward", [])
-        placed.append((slot, sid, holders, wanted))
+            release = graph.call_function(offload_release, (rt, slot, source, *wanted))
+        _label(release, f"{sid}@release", "forward", [])
+        placed.append((slot, sid, holders, wanted, release))
     fetched = {}
     for slot, sid, *_ in placed:  # after every release: a release and a prefetch may share a node
         with graph.inserting_before(before_replays(int(schedule.prefetch[slot]))):
             fetched[slot] = graph.call_function(offload_prefetch, (rt, slot))
         _label(fetched[slot], f"{sid}@h2d", "backward", [f"{sid}@h2d"])
     records = []
-    for slot, sid, holders, wanted in placed:
+    for slot, sid, holders, wanted, release in placed:
         anchor = original[int(schedule.first_bw[slot])]
         with graph.inserting_before(anchor):
             views = graph.call_function(offload_wait, (rt, slot, fetched[slot]))
@@ -238,8 +242,8 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
                     u.replace_input_with(h, copy)
         for h in holders:  # backward views of the activation now alias the fetched storage
             if h.meta["ac_region"] not in FORWARD_REGIONS:
-                h.meta["ac_storages"] = [f"{sid}@h2d" if s == sid else s for s in _storages(h, profile)]
-        release = by_id_after(graph, f"{sid}@release")
+                storages = h.meta.get("ac_storages", held.get(h.meta["ac_id"], []))
+                h.meta["ac_storages"] = [f"{sid}@h2d" if s == sid else s for s in storages]
         for h in holders:
             if h.meta["ac_region"] in FORWARD_REGIONS:
                 late = [u for u in h.users if position[u] > position[release]]
@@ -251,17 +255,6 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
                                profile.nodes[int(schedule.prefetch[slot])].id,
                                profile.nodes[int(schedule.first_bw[slot])].id))
     return records
-
-
-def by_id_after(graph: fx.Graph, ac_id: str) -> fx.Node:
-    return next(n for n in graph.nodes if n.meta.get("ac_id") == ac_id)
-
-
-def _storages(h: fx.Node, profile) -> list[str]:
-    if "ac_storages" in h.meta:
-        return h.meta["ac_storages"]
-    hid = h.meta["ac_id"]
-    return [t.id for t in profile.tensors if hid == t.created_at or hid in t.aliases]
 
 
 def _label(node: fx.Node, ac_id: str, region: str, storages: list[str]) -> None:

@@ -19,6 +19,8 @@ one replay also produce it (dodrio's ``rcomp_outs``): fewer replayed ops, but it
 insertion point (:mod:`acstudio.simulate.shared` predicts that exactly; a plan names the mode it was priced for in
 ``Plan.replay_mode``).
 Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward).
+Activations the plan offloads (``Plan.offloaded``) get their copy nodes once the replays are in place, where the
+simulator schedules them beside those replays (:mod:`acstudio.rewrite.offload`).
 
 Random ops (dropout, ``native_dropout``, ``bernoulli_``, SDPA with dropout, ``rand*``) are replayed with the
 generator state their forward drew with, so a replay draws the very same numbers and the rewritten step stays

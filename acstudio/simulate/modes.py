@@ -2,7 +2,8 @@
 
 A plan names its mode (``Plan.replay_mode``); the simulator, the planner, the rewriter and the exports look the
 mode up here instead of branching on it. A mode turns a recompute set into the replays it runs
-(:meth:`ReplayMode.schedule`) and evaluates their memory (:meth:`ReplayMode.evaluate`). New modes (for example
+(:meth:`ReplayMode.schedule`) and evaluates their memory (:meth:`ReplayMode.evaluate`); a mode whose step can also
+offload activations prices their copies beside its replays (:mod:`acstudio.simulate.offload`). New modes (for example
 how selective activation checkpointing replays a block) register themselves with :func:`register_mode`.
 """
 
