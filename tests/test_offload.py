@@ -123,8 +123,13 @@ def test_too_little_host_memory_is_one_line_before_the_first_step(monkeypatch):
     monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: 1024)
     model = copy.deepcopy(w.model)
     before = [p.detach().clone() for p in model.parameters()]
+    optimizer = make_optimizer(spec.optimizer, model.parameters())
+    optimizer.load_state_dict(copy.deepcopy(opt.state_dict()))
+    ran = []
+    new.gm.register_forward_pre_hook(lambda *_: ran.append(True))
     with pytest.raises(HostMemoryError, match=r"^the plan offloads .* GiB .* --no-offload$"):
-        run_from(new, model, opt, spec.optimizer, w.batch)
+        new.run(model, optimizer, w.batch)
+    assert not ran, "the step must not start"
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 

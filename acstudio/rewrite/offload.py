@@ -82,7 +82,7 @@ class OffloadRuntime(torch.nn.Module):
         if not cuda:
             warnings.warn("this plan offloads activations but runs on a CPU device: they are copied into a host "
                           "buffer and back, which saves no memory — run it on a GPU for the savings",
-                          CpuOffloadWarning, stacklevel=2)
+                          CpuOffloadWarning, stacklevel=3)
         self.pool = torch.empty(self.pool_bytes, dtype=torch.uint8, pin_memory=cuda)
         offsets = [sum(self.sizes[:j]) for j in range(len(self.sizes))]
         self.slots = [self.pool[o:o + n] for o, n in zip(offsets, self.sizes)]

@@ -55,7 +55,7 @@ from acstudio.capture.serialize import target_name
 from acstudio.capture.step import CapturedStep
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.profile.model import Profile
-from acstudio.rewrite.offload import Offload, insert_offload
+from acstudio.rewrite.offload import RUNTIME_ATTR, Offload, insert_offload
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import RNG_STATE_BYTES
 
@@ -91,6 +91,14 @@ class RewrittenStep(CapturedStep):
     @property
     def replay_ms(self) -> float:
         return sum(r.replay_ms for r in self.recomputations)
+
+    def run(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch) -> torch.Tensor:
+        """:meth:`CapturedStep.run`; with offload, the pinned pool is made (or the host's lack of free memory
+        reported) before the step starts."""
+        if self.offloads:
+            device = next(model.parameters()).device
+            getattr(self.gm, RUNTIME_ATTR).ensure_pool(device)
+        return super().run(model, optimizer, batch)
 
 
 class PlannedActivations(list):
