@@ -19,6 +19,7 @@ from acstudio.plan.peak import explain_peak
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.validation import check_plan_derivation
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
+from acstudio.profile.profiler import measure_host_link
 from acstudio.rewrite import offload as runtime_module
 from acstudio.rewrite import rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
@@ -49,6 +50,13 @@ def test_profile_stores_the_host_link_and_reads_old_files_with_defaults(tmp_path
     assert back.host_link == measured.host_link and back.link.measured
     assert back.link.duplex_rate == 48.5 and back.link.host_bytes == 3 * 2**30
     assert back.fingerprint == profile.fingerprint  # the link is no part of the graph's identity
+
+
+def test_a_cpu_device_has_no_link_but_the_host_memory_is_recorded():
+    link = measure_host_link(torch.device("cpu"))
+    assert link.d2h_gb_s is link.h2d_gb_s is link.duplex_gb_s is None and not link.measured
+    assert link.host_free_bytes is None or link.host_free_bytes > 0
+    assert link.duplex_rate == DEFAULT_LINK_GB_S
 
 
 def test_old_plan_files_read_as_no_offload(tmp_path):
@@ -213,3 +221,10 @@ def test_cuda_copies_run_on_side_streams_into_a_pinned_pool_bitwise():
     first = runtime.pool.data_ptr()
     run_from(new, w.model, opt, spec.optimizer, w.batch)
     assert runtime.pool.data_ptr() == first
+
+
+@gpu
+def test_cuda_link_is_measured_with_pinned_copies():
+    link = measure_host_link(torch.device("cuda"))
+    assert link.measured and min(link.d2h_gb_s, link.h2d_gb_s, link.duplex_gb_s) > 0
+    assert link.duplex_rate <= min(link.d2h_rate, link.h2d_rate)
