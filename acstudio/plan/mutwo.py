@@ -316,21 +316,25 @@ OFFLOAD_CAP_HALVINGS = 2
 
 
 def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None) -> Plan | None:
-    """The fastest of :func:`offload_greedy`'s plans under the context's host-memory cap and, while those stall, under
-    :data:`OFFLOAD_CAP_HALVINGS` smaller caps; None when the context does not offload
-    (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads."""
+    """The fastest of :func:`offload_greedy`'s plans, with and without ``covering``, under the context's host-memory
+    cap and, while a plan stalls, under :data:`OFFLOAD_CAP_HALVINGS` smaller caps; None when the context does not
+    offload (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads.
+
+    Neither swap rule wins everywhere: a swap that does not lower the current peak can still make room that a
+    later pick needs, or just move bytes."""
     if not ctx.may_offload or ctx.sim.baseline_peak <= budget:
         return None
     plans: list[Plan] = []
-    cap = ctx.host_memory
-    for _ in range(OFFLOAD_CAP_HALVINGS + 1):
-        found = offload_greedy(ctx, budget, cap, cancel)
-        if found is None:
-            break
-        plans.append(found)
-        if found.copies_hidden or not found.feasible:
-            break
-        cap = found.offload_bytes // 2
+    for covering in (False, True):
+        cap = ctx.host_memory
+        for _ in range(OFFLOAD_CAP_HALVINGS + 1):
+            found = offload_greedy(ctx, budget, cap, cancel, covering)
+            if found is None:
+                break
+            plans.append(found)
+            if found.copies_hidden or not found.feasible:
+                break
+            cap = found.offload_bytes // 2
     if not plans:
         return None
     fitting = [p for p in plans if p.feasible]
@@ -338,20 +342,22 @@ def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = Non
             else min(plans, key=lambda p: p.predicted_peak_bytes))
 
 
-def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelToken | None = None) -> Plan | None:
+def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelToken | None = None,
+                   covering: bool = False) -> Plan | None:
     """μ-TWO's Algorithm B with both branches: keep, recompute or offload, under ``budget`` and ``host_cap`` bytes
     of host memory (None if it offloads nothing).
 
-    Each step compares the best swap candidate, the activation with the largest inactive time among those whose
-    time off the device spans the current peak (others cannot lower it), whose bytes fit the host memory left
-    and that no recomputation reads, priced at the stall it adds to the simulated step
-    (:mod:`acstudio.simulate.offload`), against the best recompute candidate, the largest recompute ratio,
-    priced at its total recompute time (Alg D). The cheaper is taken; ties go to the swap, which costs no compute.
-    Recompute picks keep Alg E/F's bookkeeping (:class:`_Greedy`); a recompute candidate that would read an
-    offloaded activation in the gap is passed over, and an offloaded activation that a later pick's replay comes
-    to read is kept on the device again (and may be recomputed). The loop stops when the peak fits or neither
-    branch has a candidate. The plan is then priced in both replay modes that can offload, and the faster that
-    fits is kept.
+    Each step compares the best swap candidate with the best recompute candidate and takes the cheaper; ties go
+    to the swap, which costs no compute. The swap candidate is the activation with the largest inactive time
+    among those whose time between last forward and first backward use spans the current peak (others cannot
+    lower it), whose bytes fit the host memory left and that no recomputation reads; with ``covering``, only
+    those whose copies, as scheduled, take it off the device at the peak (a slow link narrows that window). It
+    is priced at the stall it adds to the simulated step (:mod:`acstudio.simulate.offload`). The recompute
+    candidate is the largest recompute ratio, priced at its total recompute time (Alg D); picks keep Alg E/F's
+    bookkeeping (:class:`_Greedy`). A recompute candidate that would read an offloaded activation in the gap is
+    passed over, and an offloaded activation that a later pick's replay comes to read is kept on the device
+    again (and may be recomputed). The loop stops when the peak fits or neither branch has a candidate. The plan
+    is then priced in both replay modes that can offload, and the faster that fits is kept.
     """
     sim, rg = ctx.sim, ctx.rg
     g = _Greedy(ctx)
@@ -372,6 +378,9 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
         swap_cost = np.inf
         if swap is not None:
             trial = _with_offload(g, [*offloaded, swap])
+            if covering and not _off_device_at(trial[3], swap, pos):  # as its copies are scheduled, still there
+                tried.add(swap)
+                continue
             swap_cost = trial[3].stall_ms - schedule.stall_ms
         if recompute is None or swap_cost <= g.time[recompute] * (1 + g.n_dep[recompute]):
             offloaded.append(swap)
@@ -414,6 +423,12 @@ def _best_recompute(g: _Greedy, offloaded: set[int]) -> int | None:
             return k
         g.ratio[i] = -np.inf
     return None
+
+
+def _off_device_at(schedule, k: int, pos: int) -> bool:
+    """Whether offloaded activation ``k`` is off the device at node ``pos`` in ``schedule``."""
+    j = np.flatnonzero(schedule.offloaded == k)
+    return bool(j.size) and bool(schedule.release[j[0]] <= pos < schedule.prefetch[j[0]])
 
 
 def _with_offload(g: _Greedy, offloaded: list[int]):
