@@ -106,6 +106,11 @@ def test_copies_free_memory_only_once_done_and_stall_when_the_link_is_slow():
     assert slow.offload.stall_ms > 0 and slow.extra_ms == pytest.approx(slow.offload.stall_ms)
     assert slow.peak_bytes >= fast.peak_bytes  # a slow copy frees later and allocates earlier
     assert slow.offload.host_bytes == slow.offload.moved_bytes == int(sim.replay.bytes[slow.offload.offloaded].sum())
+    host = schedule.host_memory(sim)
+    assert host.max() <= schedule.host_bytes and host[: schedule.ready.min() + 1].sum() == 0
+    at = int(schedule.first_bw.min()) - 1
+    inside = (schedule.ready < at) & (at < schedule.first_bw)
+    assert host[at] == int(schedule.bytes[inside].sum()) > 0
 
 
 def test_pinned_pool_is_allocated_once_and_reused():

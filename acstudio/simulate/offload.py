@@ -105,6 +105,11 @@ class OffloadSchedule:
     def hidden(self) -> bool:
         return self.stall_ms <= 0.0
 
+    def host_memory(self, sim) -> np.ndarray:
+        """Bytes of offloaded activations held on the host at each node: from the node after which the copy out
+        is issued to the node before their first backward use (a curve inside the pool, which is held all step)."""
+        return sim._span(self.ready + 1, self.first_bw - 1, self.bytes)
+
     def memory(self, sim) -> tuple[np.ndarray, np.ndarray]:
         """Bytes to add to the activation memory during and just before each node: minus each offloaded
         activation from its release to the node before its prefetch."""
