@@ -70,8 +70,8 @@ def check_plan_against(plan, profile, source: str | os.PathLike) -> None:
         c.exists("excluded", act, acts, "activation")
 
 
-# Fields a plan reports that follow from its profile, recompute set and replay mode (the solver's name, its stop
-# reason and its per-entry ``ratio``, the score it chose by, do not).
+# Fields a plan reports that follow from its profile, recompute set, offload set and replay mode (the solver's name,
+# its stop reason and its per-entry ``ratio``, the score it chose by, do not).
 DERIVED = ("predicted_peak_bytes", "predicted_peak_node", "floor_bytes", "baseline_peak_bytes", "excluded", "offloaded",
            "offload_bytes", "host_bytes")
 ENTRY_DERIVED = ("bytes", "freed_after", "recompute_before", "sources", "replay")
