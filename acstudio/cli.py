@@ -197,7 +197,8 @@ def cmd_plan(args) -> int:
     outputs.add(args.schedule, SCHEDULE_FOLDER)
     profile = per_rank(Profile.load(args.profile), args)
     sim = Simulator(profile, keep_random=args.keep_random)
-    ctx = PlanContext(profile, sim)
+    host_memory = parse_budget(args.host_memory, profile.link.host_bytes) if args.host_memory else None
+    ctx = PlanContext(profile, sim, offload=not args.no_offload, host_memory=host_memory)
     # Files are written before anything is printed, so a reader closing stdout early (`| head`) costs no file.
     header = (f"{profile.label}: baseline peak {format_bytes(sim.baseline_peak)} (measured "
               f"{format_bytes(profile.peak_bytes)}), AC floor {format_bytes(ctx.floor_bytes)}")
@@ -257,6 +258,12 @@ def cmd_plan(args) -> int:
           f"+{result.predicted_extra_ms:.2f} ms per iteration ({len(result.recomputed)} activations recomputed, "
           f"{get_mode(result.replay_mode).summary})")
     print(f"stopped: {result.stop_reason}")
+    if result.offloaded:
+        link = "measured" if profile.link.measured else "not measured: priced at the default link"
+        print(f"offload: {len(result.offloaded)} activations, {format_bytes(result.offload_bytes)} each way over the "
+              f"host link ({link}), {format_bytes(result.host_bytes)} pinned host memory; "
+              + ("copies hidden behind compute" if result.copies_hidden
+                 else f"copies stall {result.offload_stall_ms:.2f} ms"))
     if result.compiled_peak_bytes is not None:
         print(f"under torch.compile: the {result.replay_mode} mode's eager prediction "
               f"{format_bytes(result.predicted_peak_bytes)} less {format_bytes(result.compiled_offset_bytes)} "
@@ -409,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fsdp", type=WORLD_SIZE, metavar="N", help="plan for one of N ranks under FSDP2 (fully_shard "
                    "per block)")
     p.add_argument("--ddp", type=WORLD_SIZE, metavar="N", help="plan for one of N ranks under DDP")
+    p.add_argument("--no-offload", action="store_true", help="only keep or recompute: never offload activations to "
+                   "host memory (by default a GPU profile's plan may, where that is cheaper than recomputing)")
+    p.add_argument("--host-memory", metavar="SIZE", help="host memory a plan may offload into: bytes with a unit "
+                   "(16GiB) or a percentage of the free host memory the profile recorded (default 50%%)")
     p.add_argument("--compiled-per-block-peak", metavar="PEAK",
                    help="plan for torch.compile (exported with --format sac): the measured peak of the compiled model "
                         "with every block checkpointed (`acstudio bench ... --configs compile+per-block`), which "

@@ -6,7 +6,8 @@ A name is ``[PARALLEL+]KIND[@ARG]``:
   ``torch.utils.checkpoint``; Hugging Face's ``gradient_checkpointing_enable``), ``per-op`` (torchtitan's
   op-level selective checkpointing per block), ``compile``, ``compile@R`` (``activation_memory_budget=R``),
   ``compile+per-block``, ``compile+per-op``, ``sac@B`` and ``sac+compile@B`` (our plan at budget B, exported
-  as selective-checkpoint policies and applied with :func:`acstudio.apply_plan`, eager or compiled);
+  as selective-checkpoint policies and applied with :func:`acstudio.apply_plan`, eager or compiled),
+  ``per-block+offload`` and ``offload`` (the offload peers: saved tensors on the host);
 * ``PARALLEL``: ``fsdp`` (FSDP2, ``fully_shard`` per block and on the root) or ``ddp``, run under
   ``torchrun`` (``acstudio bench --nproc N``); ``fsdp`` alone is FSDP2 without checkpointing;
 * ``B``: a budget (``6GiB``, ``60%``) or another configuration, whose measured peak in the same run is the
@@ -66,6 +67,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "eager", arg="budget", arg_required=True, planner="export_sac_plan"),
     Kind("sac+compile", "the SAC-applied plan at budget B, under torch.compile", "prepare_sac", "compile",
          arg="budget", arg_required=True, compiled=True, planner="export_sac_plan"),
+    Kind("per-block+offload", "per-block with the checkpoint inputs saved on the host "
+         "(torch.autograd.graph.save_on_cpu(pin_memory=True) around the checkpointed model)",
+         "prepare_per_block_offload", "eager", parallel_ok=False),
+    Kind("offload", "every tensor autograd saves in forward kept on the host (saved_tensors_hooks, copies on a "
+         "side stream; torchtune's and TransformerEngine's practice)", "prepare_offload", "eager", parallel_ok=False),
 )}
 # How the model is spread over several processes (``acstudio bench --nproc N``).
 PARALLELS = {"fsdp": "FSDP2: fully_shard per block and on the root", "ddp": "DistributedDataParallel"}

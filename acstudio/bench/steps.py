@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,79 @@ def prepare_per_block(req: Request) -> Prepared:
 
 def prepare_per_op(req: Request) -> Prepared:
     return model_step(req, lambda workload: {"checkpointed_blocks": enable_per_block(workload, per_op_context)})
+
+
+def prepare_per_block_offload(req: Request) -> Prepared:
+    """Hugging Face gradient checkpointing with the checkpoints' inputs on the host: the classic checkpoint-wrapper
+    offload, ``save_on_cpu`` around the checkpointed model (pinned buffers on a GPU)."""
+    pinned = req.dev.type == "cuda"
+
+    def apply(workload: Workload) -> dict[str, Any]:
+        blocks = enable_per_block(workload)
+        on_host_in_forward(workload.model, lambda: torch.autograd.graph.save_on_cpu(pin_memory=pinned))
+        return {"checkpointed_blocks": blocks, "saved_on": "host (save_on_cpu)"}
+
+    return model_step(req, apply)
+
+
+def prepare_offload(req: Request) -> Prepared:
+    """No checkpointing; every tensor autograd saves in the model's forward goes to pinned host memory on a side
+    stream and comes back on it when backward reads it (:class:`SideStreamOffload`)."""
+
+    def apply(workload: Workload) -> dict[str, Any]:
+        on_host_in_forward(workload.model, lambda: SideStreamOffload(req.dev))
+        return {"saved_on": "host (saved_tensors_hooks, side stream)"}
+
+    return model_step(req, apply)
+
+
+def on_host_in_forward(module: torch.nn.Module, hooks: Callable[[], contextlib.AbstractContextManager]) -> None:
+    """Run ``module``'s forward inside ``hooks()`` (saved-tensor hooks): what it saves for backward goes to the
+    host; the loss computed after it does not."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def forward_on_host(*args, **kwargs):
+        with hooks():
+            return forward(*args, **kwargs)
+
+    module.forward = forward_on_host
+
+
+class SideStreamOffload(torch.autograd.graph.saved_tensors_hooks):
+    """Saved-tensor hooks that keep what autograd saves on the host: pack copies a CUDA tensor into pinned memory
+    on a side stream (the device block is reused once that copy is done: ``record_stream``), unpack copies it back
+    on that stream and makes the compute stream wait for it. Parameters and tensors under
+    :data:`OFFLOAD_MIN_BYTES` stay on the device, as torchtune's ``OffloadActivations`` keeps them."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        super().__init__(self.pack, self.unpack)
+
+    def pack(self, tensor: torch.Tensor):
+        if (self.stream is None or tensor.device.type != "cuda" or isinstance(tensor, torch.nn.Parameter)
+                or tensor.numel() * tensor.element_size() < OFFLOAD_MIN_BYTES):
+            return tensor
+        host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+        self.stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(self.stream):
+            host.copy_(tensor, non_blocking=True)
+        tensor.record_stream(self.stream)
+        return host, tensor.device
+
+    def unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        host, device = packed
+        with torch.cuda.stream(self.stream):
+            tensor = host.to(device, non_blocking=True)
+        torch.cuda.current_stream(device).wait_stream(self.stream)
+        tensor.record_stream(torch.cuda.current_stream(device))
+        return tensor
+
+
+# torchtune's min_offload_size: smaller saved tensors cost more to copy than they free.
+OFFLOAD_MIN_BYTES = 1024
 
 
 def prepare_compile(req: Request) -> Prepared:

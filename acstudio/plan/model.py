@@ -1,4 +1,5 @@
-"""``Plan``: which activations to free after forward and recompute in backward, and what that is predicted to cost.
+"""``Plan``: which activations to free after forward and recompute in backward, which to offload to host memory
+and bring back, and what that is predicted to cost.
 
 A plan is tied to one captured graph by ``profile_fingerprint``; loading it against another profile raises
 :class:`~acstudio.errors.PlanMismatchError`. The schedule lists the recomputations in the order they run
@@ -11,6 +12,12 @@ backward use). Files written before modes were named carry a bool ``share_chains
 ``"shared"`` / ``"again"``. ``keep_random`` says whether random ops were left out (True, ``--keep-random``) or
 are replayed with the generator state their forward drew with (False, the default); the rewriter follows it, so
 verify and export rewrite what was planned.
+
+``offloaded`` lists activations copied to host memory after their last forward write and copied back before their
+first backward use (:mod:`acstudio.simulate.offload` schedules and prices the copies); the rest are kept unless
+recomputed. Files from before offload have no such list and read as offloading nothing. ``offload_bytes`` is what
+crosses the link each way, ``host_bytes`` the pinned host memory the step holds for it, ``offload_stall_ms`` the
+time the step waits for copies that do not hide behind compute (included in ``predicted_extra_ms``).
 """
 
 from __future__ import annotations
@@ -85,9 +92,18 @@ class Plan:
     # The compiled step's predicted time over plain compile, where the planner was given compiled step times to
     # calibrate on (acstudio.plan.compiled.CompiledTimes); they are not in the profile, so it is not re-derived.
     compiled_extra_ms: float | None = None
+    offloaded: list[str] = field(default_factory=list)  # activation ids copied to the host and back
+    offload_bytes: int = 0
+    offload_stall_ms: float = 0.0
+    host_bytes: int = 0
     # The simulated step (timeline and all), kept once something simulated it (PlanContext.simulation), so that a
     # plan is simulated once however many views read it. Derived and large: never saved, never compared.
     simulation: SimResult | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def copies_hidden(self) -> bool:
+        """Whether every copy to and from the host runs behind compute (no stall predicted)."""
+        return self.offload_stall_ms <= 0.0
 
     @property
     def compiled_peak_bytes(self) -> int | None:
@@ -110,13 +126,16 @@ class Plan:
                 f"{profile.fingerprint} ({profile.label}); plan again for this profile")
 
     def decisions(self, profile: Profile) -> dict[str, str]:
-        """Activation id -> ``"recompute"``, ``"retain"`` or ``"not a candidate: <why>"``."""
+        """Activation id -> ``"recompute"``, ``"offload"``, ``"retain"`` or ``"not a candidate: <why>"``."""
         self.check_profile(profile)
         chosen = set(self.recomputed)
+        moved = set(self.offloaded)
         out = {}
         for a in profile.activations:
             if a.id in chosen:
                 out[a.id] = "recompute"
+            elif a.id in moved:
+                out[a.id] = "offload"
             elif a.id in self.excluded:
                 out[a.id] = f"not a candidate: {self.excluded[a.id]}"
             else:
@@ -166,14 +185,18 @@ class Plan:
 
     # -- tables ---------------------------------------------------------------------------------------------
     def schedule_df(self) -> pd.DataFrame:
-        """One row per activation of the profile: decision, bytes, and for recomputed ones where and how."""
+        """One row per activation of the profile: decision (recompute, offload, retain), bytes, and for recomputed
+        ones where and how."""
         import pandas as pd
 
         entries = {e.activation: e for e in self.schedule}
+        moved = set(self.offloaded)
         rows = []
         for a, nbytes in self.activation_bytes.items():
             e = entries.get(a)
-            if e is not None:
+            if a in moved:
+                rows.append({"activation": a, "decision": "offload", "bytes": nbytes})
+            elif e is not None:
                 rows.append({"activation": a, "decision": "recompute", "bytes": nbytes,
                              "freed_after": e.freed_after, "recompute_before": e.recompute_before,
                              "sources": " ".join(e.sources), "replay_nodes": len(e.replay),

@@ -57,6 +57,9 @@ def explain_peak(ctx: PlanContext, plan: Plan, result: SimResult | None = None) 
     recomputed = np.zeros(len(rg.bytes), dtype=bool)
     recomputed[sim.indices(plan.recomputed)] = True
     alive = (rg.created <= pos) & (pos <= rg.last_bw) & ~(recomputed & (rg.last_fw < pos) & (pos < rg.first_bw))
+    if result.offload is not None:  # offloaded activations are on the host from their release to their prefetch
+        off = result.offload
+        alive[off.offloaded[(off.release <= pos) & (pos < off.prefetch)]] = False
     freeable = int(rg.bytes[alive & rg.is_candidate & ~recomputed].sum())
     acts = row.pop("retained_activations")
     nd = profile.nodes[pos]

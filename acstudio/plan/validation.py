@@ -29,6 +29,10 @@ def validate_plan(doc: dict[str, Any], source: str | os.PathLike) -> PlanDoc:
         c.exists(f"schedule[{i}].activation", row[0], chosen, "recomputed activation")
     for i, act in enumerate(parsed.recomputed):
         c.exists(f"recomputed[{i}]", act, entries, "schedule entry")
+    c.unique("offloaded", parsed.offloaded, column="")
+    for i, act in enumerate(parsed.offloaded):
+        if act in chosen:
+            raise c.fail(f"offloaded[{i}]", act, "is recomputed too: an activation is kept, recomputed or offloaded")
     offset = parsed.compiled_offset_bytes
     if offset is not None and not abs(offset) < parsed.predicted_peak_bytes:
         raise c.fail("compiled_offset_bytes", offset, f"is not smaller than the predicted peak "
@@ -46,6 +50,8 @@ def check_plan_against(plan, profile, source: str | os.PathLike) -> None:
         c.exists(f"recomputed[{i}]", act, acts, "activation")
         if act in plan.excluded:
             raise c.fail(f"recomputed[{i}]", act, "is not a recompute candidate")
+    for i, act in enumerate(plan.offloaded):
+        c.exists(f"offloaded[{i}]", act, acts, "activation")
     for i, e in enumerate(plan.schedule):
         for name in ("freed_after", "recompute_before"):
             c.exists(f"schedule[{i}].{name}", getattr(e, name), nodes, "node")
@@ -64,9 +70,10 @@ def check_plan_against(plan, profile, source: str | os.PathLike) -> None:
         c.exists("excluded", act, acts, "activation")
 
 
-# Fields a plan reports that follow from its profile, recompute set and replay mode (the solver's name, its stop
-# reason and its per-entry ``ratio``, the score it chose by, do not).
-DERIVED = ("predicted_peak_bytes", "predicted_peak_node", "floor_bytes", "baseline_peak_bytes", "excluded")
+# Fields a plan reports that follow from its profile, recompute set, offload set and replay mode (the solver's name,
+# its stop reason and its per-entry ``ratio``, the score it chose by, do not).
+DERIVED = ("predicted_peak_bytes", "predicted_peak_node", "floor_bytes", "baseline_peak_bytes", "excluded", "offloaded",
+           "offload_bytes", "host_bytes")
 ENTRY_DERIVED = ("bytes", "freed_after", "recompute_before", "sources", "replay")
 
 
@@ -82,8 +89,9 @@ def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None
     ctx = context
     if ctx is None or ctx.rg.keep_random != plan.keep_random:  # candidates depend on the random-op rule
         ctx = PlanContext(profile, Simulator(profile, keep_random=plan.keep_random))
+    offloaded = [ctx.rg.act_index[a] for a in plan.offloaded]
     expected = ctx.plan_for_set(plan.solver, plan.budget_bytes, ctx.sim.indices(plan.recomputed),
-                                mode=plan.replay_mode)
+                                mode=plan.replay_mode, offloaded=offloaded)
     if plan.baseline_peak_bytes != expected.baseline_peak_bytes:  # first: one rank's profile differs here
         raise c.fail("baseline_peak_bytes", plan.baseline_peak_bytes,
                      f"but the profile gives {expected.baseline_peak_bytes} (a plan for one rank, made with --fsdp N "
@@ -91,9 +99,9 @@ def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None
     for name in DERIVED:
         if getattr(plan, name) != getattr(expected, name):
             raise c.fail(name, getattr(plan, name), f"but the profile gives {_short(getattr(expected, name))}")
-    if not math.isclose(plan.predicted_extra_ms, expected.predicted_extra_ms, rel_tol=1e-9, abs_tol=1e-9):
-        raise c.fail("predicted_extra_ms", plan.predicted_extra_ms,
-                     f"but the profile gives {expected.predicted_extra_ms!r}")
+    for name in ("predicted_extra_ms", "offload_stall_ms"):
+        if not math.isclose(getattr(plan, name), getattr(expected, name), rel_tol=1e-9, abs_tol=1e-9):
+            raise c.fail(name, getattr(plan, name), f"but the profile gives {getattr(expected, name)!r}")
     if plan.feasible != (plan.run_peak_bytes <= plan.budget_bytes):
         raise c.fail("feasible", plan.feasible, f"but the predicted peak is {plan.run_peak_bytes} bytes for a "
                      f"budget of {plan.budget_bytes}")

@@ -100,6 +100,49 @@ class ActivationRecord:
     reason: str = ""
 
 
+# Host link defaults for a profile that did not measure one (a CPU run, or a file from before it was measured):
+# pinned copies over PCIe 3.0 x16 reach about 12 GB/s each way, and every server GPU link since is faster, so a
+# plan priced with them never counts on more hidden copying than the hardware gives. Host memory: 8 GiB, less
+# than nearly any training host has free, so such a plan cannot ask a host for memory it does not have.
+DEFAULT_LINK_GB_S = 12.0
+DEFAULT_HOST_FREE_BYTES = 8 * 2**30
+
+
+@dataclass
+class HostLink:
+    """The link between device and host memory, as profiling measured it (pinned buffers, one direction alone
+    and both at once), and the host memory that was available; ``None`` where it was not measured.
+
+    The ``*_rate`` properties give what a plan is priced with: the measurement, else the stated default.
+    """
+
+    d2h_gb_s: float | None = None
+    h2d_gb_s: float | None = None
+    duplex_gb_s: float | None = None  # each way, both directions copying at once
+    host_free_bytes: int | None = None
+
+    @property
+    def measured(self) -> bool:
+        return None not in (self.d2h_gb_s, self.h2d_gb_s, self.duplex_gb_s)
+
+    @property
+    def d2h_rate(self) -> float:
+        return self.d2h_gb_s or DEFAULT_LINK_GB_S
+
+    @property
+    def h2d_rate(self) -> float:
+        return self.h2d_gb_s or DEFAULT_LINK_GB_S
+
+    @property
+    def duplex_rate(self) -> float:
+        """Each way with both directions copying; never above either direction alone."""
+        return min(self.duplex_gb_s or DEFAULT_LINK_GB_S, self.d2h_rate, self.h2d_rate)
+
+    @property
+    def host_bytes(self) -> int:
+        return DEFAULT_HOST_FREE_BYTES if self.host_free_bytes is None else self.host_free_bytes
+
+
 @dataclass
 class Profile:
     workload: dict[str, Any]
@@ -113,6 +156,12 @@ class Profile:
     peak_breakdown: dict[str, int]
     iteration_ms: float
     iterations: dict[str, int] = field(default_factory=dict)
+    host_link: HostLink | None = None  # absent in files from before the link was measured
+
+    @property
+    def link(self) -> HostLink:
+        """The host link offload is priced with: the measured one, or the defaults (:class:`HostLink`)."""
+        return self.host_link or HostLink()
 
     # -- identity --------------------------------------------------------------------------------------
     @cached_property
@@ -171,6 +220,7 @@ class Profile:
             "peak_breakdown": self.peak_breakdown,
             "iteration_ms": self.iteration_ms,
             "iterations": self.iterations,
+            **({"host_link": dataclasses.asdict(self.host_link)} if self.host_link is not None else {}),
             "fingerprint": self.fingerprint,  # lets loading prove the graph was not changed since
         }
 
@@ -205,6 +255,7 @@ class Profile:
             peak_breakdown=doc.peak_breakdown,
             iteration_ms=doc.iteration_ms,
             iterations=doc.iterations,
+            host_link=HostLink(**doc.host_link.model_dump()) if doc.host_link is not None else None,
         )
         if hashed:
             profile.__dict__["fingerprint"] = hashed[0]  # already computed to check it: keep it (cached_property)

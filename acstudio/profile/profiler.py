@@ -10,6 +10,7 @@ measured peak is the peak of the real step.
 from __future__ import annotations
 
 import gc
+import os
 import platform
 import statistics
 import sys
@@ -25,7 +26,7 @@ from acstudio.capture.analysis import GraphAnalysis, analyze
 from acstudio.capture.serialize import serialize_step
 from acstudio.errors import ACStudioError, Cancelled, DeviceError, OutOfMemoryError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
-from acstudio.profile.model import CATEGORIES, Profile
+from acstudio.profile.model import CATEGORIES, HostLink, Profile
 from acstudio.workload import WorkloadSpec
 from acstudio.workload.memory import build_fitting
 
@@ -260,6 +261,73 @@ def peak_breakdown(analysis: GraphAnalysis, peak_index: int, peak_bytes: int) ->
     return out
 
 
+# Bytes each way per link measurement: large enough that a copy runs far longer than its launch (tens of
+# milliseconds on PCIe), small enough to fit beside any profiled step.
+LINK_PROBE_BYTES = 256 * 2**20
+LINK_PROBE_REPEATS = 3
+
+
+def host_available_bytes() -> int | None:
+    """Host memory available to a new allocation without swapping (Linux ``MemAvailable``; elsewhere the free
+    physical pages), or None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def measure_host_link(dev: torch.device) -> HostLink:
+    """Bandwidth of pinned copies between ``dev`` and the host, each direction alone and both at once on two
+    streams (the best of a few repeats, timed with CUDA events), and the host memory available.
+
+    On a CPU device there is no link: the bandwidths stay None and a plan is priced with the defaults."""
+    host_free = host_available_bytes()
+    if dev.type != "cuda":
+        return HostLink(host_free_bytes=host_free)
+    try:
+        d2h, h2d, duplex = _link_rates(dev, LINK_PROBE_BYTES)
+    finally:
+        free_device_memory()
+    return HostLink(d2h_gb_s=round(d2h, 3), h2d_gb_s=round(h2d, 3), duplex_gb_s=round(duplex, 3),
+                    host_free_bytes=host_free)
+
+
+def _link_rates(dev: torch.device, nbytes: int) -> tuple[float, float, float]:
+    """GB/s of pinned copies of ``nbytes``: device to host alone, host to device alone, each way both at once."""
+    host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    device = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)]
+    streams = [torch.cuda.Stream(dev) for _ in range(2)]
+
+    def timed(copies: list[tuple[int, bool]]) -> float:
+        """Seconds for the given (buffer, to_host) copies, each on its own stream, started together."""
+        best = float("inf")
+        for _ in range(LINK_PROBE_REPEATS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(dev)
+            start.record()
+            for (j, to_host), stream in zip(copies, streams):
+                stream.wait_event(start)
+                with torch.cuda.stream(stream):
+                    (host[j] if to_host else device[j]).copy_(device[j] if to_host else host[j], non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(stream)
+                torch.cuda.current_stream(dev).wait_event(done)
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        return best
+
+    return (nbytes / timed([(0, True)]) / 1e9, nbytes / timed([(0, False)]) / 1e9,
+            nbytes / timed([(0, True), (1, False)]) / 1e9)
+
+
 def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1, iterations: int = 3,
                      progress: ProgressFn | None = None, cancel: CancelToken | None = None,
                      command: str | None = None, on_memory: MemoryFn | None = None) -> Profile:
@@ -288,6 +356,8 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         stage = "timing the whole step"
         iteration_ms, step_peak = time_whole_step(step, flat, dev)
         graph = serialize_step(step)
+        stage = "measuring the host link"
+        link = measure_host_link(dev)
     except torch.OutOfMemoryError as exc:
         raise OutOfMemoryError(
             f"CUDA out of memory while {stage} for {spec.label} (batch size {spec.batch_size}); "
@@ -315,4 +385,4 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         activations=analysis.activations, peak_bytes=int(peaks[peak_index]),
         peak_node=analysis.nodes[peak_index].id,
         peak_breakdown=peak_breakdown(analysis, peak_index, int(peaks[peak_index])),
-        iteration_ms=float(iteration_ms), iterations=iters)
+        iteration_ms=float(iteration_ms), iterations=iters, host_link=link)

@@ -135,6 +135,16 @@ class EnvironmentDoc(_Doc):
     device_type: StrictStr = "cpu"
 
 
+GbPerS = Annotated[float, Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)]
+
+
+class HostLinkDoc(_Doc):
+    d2h_gb_s: GbPerS | None = None
+    h2d_gb_s: GbPerS | None = None
+    duplex_gb_s: GbPerS | None = None
+    host_free_bytes: Bytes | None = None
+
+
 class ProfileDoc(_Doc):
     workload: WorkloadDoc
     environment: EnvironmentDoc
@@ -148,6 +158,7 @@ class ProfileDoc(_Doc):
     iteration_ms: Ms
     iterations: dict[str, Annotated[int, Field(strict=True, ge=0)]] = {}
     fingerprint: Id = ""  # absent in files written before it was stored (then not checked)
+    host_link: HostLinkDoc | None = None  # absent in files written before the link was measured
 
 
 class PlanDoc(_Doc):
@@ -169,6 +180,10 @@ class PlanDoc(_Doc):
     keep_random: StrictBool = False
     compiled_offset_bytes: StrictInt | None = None
     compiled_extra_ms: Ms | None = None
+    offloaded: list[Id] = []  # absent in files from before offload: nothing offloaded
+    offload_bytes: Bytes = 0
+    offload_stall_ms: Ms = 0.0
+    host_bytes: Bytes = 0
 
     @model_validator(mode="before")
     @classmethod

@@ -1,4 +1,5 @@
-"""Apply a recompute plan to the captured step (rewriter) and prove the result computes the same thing (verify)."""
+"""Apply a plan (recompute, offload) to the captured step (rewriter) and prove the result computes the same thing
+(verify)."""
 
 from acstudio.rewrite.rewriter import Recomputation, RewriteError, RewrittenStep, rewrite, rewrite_step
 

@@ -19,6 +19,8 @@ one replay also produce it (dodrio's ``rcomp_outs``): fewer replayed ops, but it
 insertion point (:mod:`acstudio.simulate.shared` predicts that exactly; a plan names the mode it was priced for in
 ``Plan.replay_mode``).
 Training-mode BatchNorm is replayed without its running statistics (they were updated once, in forward).
+Activations the plan offloads (``Plan.offloaded``) get their copy nodes once the replays are in place, where the
+simulator schedules them beside those replays (:mod:`acstudio.rewrite.offload`).
 
 Random ops (dropout, ``native_dropout``, ``bernoulli_``, SDPA with dropout, ``rand*``) are replayed with the
 generator state their forward drew with, so a replay draws the very same numbers and the rewritten step stays
@@ -53,6 +55,7 @@ from acstudio.capture.serialize import target_name
 from acstudio.capture.step import CapturedStep
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.profile.model import Profile
+from acstudio.rewrite.offload import RUNTIME_ATTR, Offload, insert_offload
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import RNG_STATE_BYTES
 
@@ -83,19 +86,29 @@ class RewrittenStep(CapturedStep):
     """A captured step whose graph frees and recomputes the planned activations."""
 
     recomputations: list[Recomputation] = field(default_factory=list)
+    offloads: list[Offload] = field(default_factory=list)
 
     @property
     def replay_ms(self) -> float:
         return sum(r.replay_ms for r in self.recomputations)
 
+    def run(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch) -> torch.Tensor:
+        """:meth:`CapturedStep.run`; with offload, the pinned pool is made (or the host's lack of free memory
+        reported) before the step starts."""
+        if self.offloads:
+            device = next(model.parameters()).device
+            getattr(self.gm, RUNTIME_ATTR).ensure_pool(device)
+        return super().run(model, optimizer, batch)
+
 
 class PlannedActivations(list):
     """A plan's recomputed activation ids, carrying how the plan replays them (``Plan.replay_mode``,
-    ``Plan.keep_random``), so that callers passing them on to :func:`rewrite_step` (verify, export) rewrite the
-    step the plan was priced for."""
+    ``Plan.keep_random``) and what it offloads (``Plan.offloaded``), so that callers passing them on to
+    :func:`rewrite_step` (verify, export) rewrite the step the plan was priced for."""
 
     replay_mode = "again"
     keep_random = False
+    offloaded: tuple[str, ...] = ()
 
 
 def plan_activations(plan, profile: Profile) -> list[str]:
@@ -106,6 +119,7 @@ def plan_activations(plan, profile: Profile) -> list[str]:
     ids = PlannedActivations(plan.recomputed)
     ids.replay_mode = plan.replay_mode
     ids.keep_random = bool(getattr(plan, "keep_random", False))
+    ids.offloaded = tuple(getattr(plan, "offloaded", ()))
     return ids
 
 
@@ -116,26 +130,53 @@ def rewrite(step: CapturedStep, profile: Profile, plan) -> RewrittenStep:
 
 
 def rewrite_step(step: CapturedStep, profile: Profile, recomputed: Collection[str], *,
-                 replay_mode: str | None = None, keep_random: bool | None = None) -> RewrittenStep:
-    """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward.
+                 replay_mode: str | None = None, keep_random: bool | None = None,
+                 offloaded: Collection[str] | None = None) -> RewrittenStep:
+    """A copy of ``step`` that frees each activation in ``recomputed`` after forward and replays it in backward,
+    and copies each in ``offloaded`` to host memory and back (:mod:`acstudio.rewrite.offload`).
 
     ``step`` must be the graph ``profile`` was measured on (same nodes in the same order, e.g. from
     ``deserialize_step(profile.graph)``); it is not modified. Replays follow ``replay_mode``, by default the mode
     of the plan ``recomputed`` comes from (:func:`plan_activations`), else ``"again"``; random ops are replayed
     with their forward's generator state unless ``keep_random`` (by default: the plan's) says never to.
+    ``offloaded`` defaults to the plan's; the copies go where the simulator schedules them for this plan.
     """
     mode = get_mode(replay_mode or getattr(recomputed, "replay_mode", "again"))
     if keep_random is None:
         keep_random = getattr(recomputed, "keep_random", False)
+    if offloaded is None:
+        offloaded = getattr(recomputed, "offloaded", ())
     gm = fx.GraphModule(step.gm, copy.deepcopy(step.gm.graph))
     ids = [n.meta.get("ac_id") for n in gm.graph.nodes]
     if ids != [r.id for r in profile.nodes]:
         raise PlanMismatchError("this graph is not the one the profile was measured on (node ids differ)")
     recs = _Rewriter(gm, profile, mode.shares_chains, keep_random).apply(recomputed)
+    offloads = _offload(gm, profile, mode, list(dict.fromkeys(recomputed)), list(offloaded), keep_random)
     gm.graph.lint()
     gm.recompile()
     return RewrittenStep(gm=gm, inputs=list(step.inputs), grad_params=list(step.grad_params), optimizer=step.optimizer,
-                         recomputations=recs)
+                         recomputations=recs, offloads=offloads)
+
+
+def _offload(gm: fx.GraphModule, profile: Profile, mode, recomputed: list[str], offloaded: list[str],
+             keep_random: bool) -> list[Offload]:
+    """Insert the copies of ``offloaded`` where the simulator schedules them beside the plan's replays."""
+    if not offloaded:
+        return []
+    from acstudio.simulate.modes import offload_indices
+    from acstudio.simulate.simulator import Simulator
+
+    sim = Simulator(profile, keep_random=keep_random)
+    try:
+        ks = offload_indices(sim, offloaded)
+        schedule = mode.offload(sim, mode.schedule(sim, sim.indices(recomputed)), ks)
+    except ACStudioError as exc:
+        raise RewriteError(str(exc)) from None
+    dropped = [sim.replay.act_ids[k] for k in sorted(set(ks) - set(schedule.offloaded.tolist()))]
+    if dropped:
+        raise RewriteError(f"activation {dropped[0]} cannot be offloaded in this plan: it is recomputed, or a "
+                           "recomputation reads it while it would be on the host")
+    return insert_offload(gm, profile, schedule, sim.offload_facts)
 
 
 @dataclass

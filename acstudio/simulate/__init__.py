@@ -1,4 +1,4 @@
-"""Whole-iteration memory simulation of activation-recompute sets."""
+"""Whole-iteration memory and time simulation of plans: activations kept, recomputed or offloaded."""
 
 from acstudio.simulate.simulator import TIMELINE_CATEGORIES, SimResult, Simulator
 

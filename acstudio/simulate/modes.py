@@ -2,7 +2,8 @@
 
 A plan names its mode (``Plan.replay_mode``); the simulator, the planner, the rewriter and the exports look the
 mode up here instead of branching on it. A mode turns a recompute set into the replays it runs
-(:meth:`ReplayMode.schedule`) and evaluates their memory (:meth:`ReplayMode.evaluate`). New modes (for example
+(:meth:`ReplayMode.schedule`) and evaluates their memory (:meth:`ReplayMode.evaluate`); a mode whose step can also
+offload activations prices their copies beside its replays (:mod:`acstudio.simulate.offload`). New modes (for example
 how selective activation checkpointing replays a block) register themselves with :func:`register_mode`.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from acstudio.errors import ACStudioError
+from acstudio.simulate.offload import OffloadSchedule, offload_schedule
 from acstudio.simulate.replay import Replay
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared, shared_schedule
 from acstudio.simulate.simulator import SimResult, Simulator
@@ -26,6 +28,9 @@ class ReplayMode:
     name: ClassVar[str]
     summary: ClassVar[str]  # what a user reads next to a plan in this mode
     shares_chains: ClassVar[bool]  # whether the rewriter lets one replay produce the recomputed tensors it passes
+    # Whether the step this mode prices can also offload activations (the rewritten step can; a selective
+    # checkpoint policy runs in torch's own checkpoint, which this simulator does not price offload for).
+    supports_offload: ClassVar[bool] = False
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> Any:
         """The replays of activation indices ``recomputed``: an object with ``replays`` (list of
@@ -33,29 +38,66 @@ class ReplayMode:
         raise NotImplementedError
 
     def evaluate(self, sim: Simulator, schedule: Any, timeline: bool = False):
-        """(peak bytes, peak node position, whether during a replay[, per-node category table])."""
+        """(peak bytes, peak node position, whether during a replay[, per-node category table]); a mode that
+        supports offload also takes ``extra``: bytes to add to the activations (:meth:`OffloadSchedule.memory`)."""
         raise NotImplementedError
+
+    def offload(self, sim: Simulator, schedule: Any, offloaded: Collection[int]) -> OffloadSchedule | None:
+        """The copies of activation indices ``offloaded`` beside ``schedule``'s replays (None: nothing offloaded)."""
+        if not len(offloaded):
+            return None
+        if not self.supports_offload:
+            raise ACStudioError(f"replay mode {self.name!r} cannot offload activations; choose one of "
+                                f"{', '.join(n for n, m in REPLAY_MODES.items() if m.supports_offload)}")
+        return offload_schedule(sim, offloaded, schedule.replays, schedule.keep_until)
+
+    def evaluate_with(self, sim: Simulator, schedule: Any, offload: OffloadSchedule | None, timeline: bool = False):
+        """:meth:`evaluate` with the offloaded activations' memory taken out."""
+        if offload is None:
+            return self.evaluate(sim, schedule, timeline)
+        return self.evaluate(sim, schedule, timeline, extra=offload.memory(sim))
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         """Whether the planner may keep activation ``k`` back from ``recomputed`` on the simulated time alone (a
         mode says no where keeping it would add a cost the simulator does not price)."""
         return True
 
-    def peak(self, sim: Simulator, recomputed: Sequence[int]) -> tuple[int, int, float]:
-        """(peak bytes, peak node position, extra ms) of activation indices ``recomputed``."""
+    def peak(self, sim: Simulator, recomputed: Sequence[int], offloaded: Collection[int] = ()
+             ) -> tuple[int, int, float]:
+        """(peak bytes, peak node position, extra ms) of activation indices ``recomputed`` (and ``offloaded``:
+        their stalls count in the extra time)."""
         schedule = self.schedule(sim, recomputed)
-        peak, pos, _ = self.evaluate(sim, schedule)
-        return peak, pos, schedule.extra_ms
+        offload = self.offload(sim, schedule, offloaded)
+        peak, pos, _ = self.evaluate_with(sim, schedule, offload)
+        return peak, pos, schedule.extra_ms + (offload.stall_ms if offload else 0.0)
 
-    def simulate(self, sim: Simulator, recomputed: Collection[str]) -> SimResult:
-        """Peak, extra time, per-node timeline and per-activation replay time of activation ids ``recomputed``;
-        a replay's time goes to its owner (its first output), 0 to what it produces on the way."""
+    def simulate(self, sim: Simulator, recomputed: Collection[str], offloaded: Collection[str] = ()) -> SimResult:
+        """Peak, extra time, per-node timeline and per-activation replay time of activation ids ``recomputed``
+        (and ``offloaded``); a replay's time goes to its owner (its first output), 0 to what it produces on the
+        way."""
         schedule = self.schedule(sim, sim.indices(recomputed))
-        peak, pos, _, table = self.evaluate(sim, schedule, timeline=True)
+        offload = self.offload(sim, schedule, offload_indices(sim, offloaded))
+        peak, pos, _, table = self.evaluate_with(sim, schedule, offload, timeline=True)
         ids = sim.replay.act_ids
         per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
-        return SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms, timeline=table,
-                         recompute_ms=per)
+        stall = offload.stall_ms if offload else 0.0
+        return SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms + stall,
+                         timeline=table, recompute_ms=per, offload=offload)
+
+
+def offload_indices(sim: Simulator, offloaded: Collection[str]) -> list[int]:
+    """Activation indices of ids ``offloaded``; an id that names no activation, or one that cannot be offloaded,
+    is refused with the reason."""
+    out = []
+    for a in offloaded:
+        k = sim.replay.act_index.get(a)
+        if k is None:
+            raise ACStudioError(f"{a} is not an activation of this profile")
+        why = sim.offload_facts.reason[k]
+        if why:
+            raise ACStudioError(f"{a} cannot be offloaded: {why}")
+        out.append(k)
+    return out
 
 
 REPLAY_MODES: dict[str, ReplayMode] = {}
@@ -73,9 +115,11 @@ def get_mode(name: str) -> ReplayMode:
         raise ACStudioError(f"unknown replay mode {name!r}; choose one of {', '.join(REPLAY_MODES)}") from None
 
 
-def simulate_plan(sim: Simulator, recomputed: Collection[str], mode: str) -> SimResult:
-    """The simulated step for activation ids ``recomputed`` replayed in ``mode``."""
-    return get_mode(mode).simulate(sim, recomputed)
+def simulate_plan(sim: Simulator, recomputed: Collection[str], mode: str, offloaded: Collection[str] = ()
+                  ) -> SimResult:
+    """The simulated step for activation ids ``recomputed`` replayed in ``mode``, ``offloaded`` copied to the host
+    and back."""
+    return get_mode(mode).simulate(sim, recomputed, offloaded)
 
 
 @dataclass
@@ -97,6 +141,7 @@ class ReplayAgain(ReplayMode):
     name = "again"
     summary = "each recomputation replays its chain from kept tensors"
     shares_chains = False
+    supports_offload = True
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> AgainSchedule:
         rg = sim.replay
@@ -108,11 +153,11 @@ class ReplayAgain(ReplayMode):
                           exps[k].time_ms, int(transient[k])) for k in order]
         return AgainSchedule(replays, mask, keep_until, transient)
 
-    def evaluate(self, sim: Simulator, schedule: AgainSchedule, timeline: bool = False):
-        return sim.evaluate(schedule.mask, schedule.keep_until, schedule.transient, timeline)
+    def evaluate(self, sim: Simulator, schedule: AgainSchedule, timeline: bool = False, extra=None):
+        return sim.evaluate(schedule.mask, schedule.keep_until, schedule.transient, timeline, extra)
 
-    def simulate(self, sim: Simulator, recomputed: Collection[str]) -> SimResult:
-        return sim.simulate(recomputed)
+    def simulate(self, sim: Simulator, recomputed: Collection[str], offloaded: Collection[str] = ()) -> SimResult:
+        return super().simulate(sim, recomputed, offloaded) if offloaded else sim.simulate(recomputed)
 
 
 class ReplayShared(ReplayMode):
@@ -122,12 +167,13 @@ class ReplayShared(ReplayMode):
     name = "shared"
     summary = "shared-chain replays (each block's forward replayed once)"
     shares_chains = True
+    supports_offload = True
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SharedSchedule:
         return shared_schedule(sim, recomputed)
 
-    def evaluate(self, sim: Simulator, schedule: SharedSchedule, timeline: bool = False):
-        return evaluate_shared(sim, schedule, timeline)
+    def evaluate(self, sim: Simulator, schedule: SharedSchedule, timeline: bool = False, extra=None):
+        return evaluate_shared(sim, schedule, timeline, extra)
 
 
 register_mode(ReplayAgain())

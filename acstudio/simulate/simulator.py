@@ -34,6 +34,7 @@ import numpy as np
 
 from acstudio.errors import ACStudioError
 from acstudio.profile.model import Profile
+from acstudio.simulate.offload import OffloadFacts, OffloadSchedule
 from acstudio.simulate.replay import Expansion, ReplayGraph
 
 TIMELINE_CATEGORIES = (
@@ -62,6 +63,7 @@ class SimResult:
     extra_ms: float
     timeline: np.ndarray
     recompute_ms: dict[str, float] = field(default_factory=dict)  # per recomputed activation id
+    offload: OffloadSchedule | None = None  # the copies of offloaded activations (their stalls are in extra_ms)
 
 
 class Simulator:
@@ -119,6 +121,11 @@ class Simulator:
     @property
     def floor_bytes(self) -> int:
         return self.floor[0]
+
+    @cached_property
+    def offload_facts(self) -> OffloadFacts:
+        """Which activations can be offloaded, and after which node their copy to the host is issued."""
+        return OffloadFacts(self)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _span(self, start: np.ndarray, end: np.ndarray, weight: np.ndarray, n: int | None = None) -> np.ndarray:
@@ -191,11 +198,15 @@ class Simulator:
             acts_between += self._span(r, end, state)
         return acts_node, acts_between
 
-    def evaluate(self, mask: np.ndarray, keep_until: np.ndarray, transient: np.ndarray, timeline: bool = False):
+    def evaluate(self, mask: np.ndarray, keep_until: np.ndarray, transient: np.ndarray, timeline: bool = False,
+                 extra: tuple[np.ndarray, np.ndarray] | None = None):
         """Peak (bytes, node position, whether it is during a recomputation before that node) of a recompute
         set given as arrays over activations (see :meth:`activation_memory`; ``transient``: each recomputed
-        activation's replay high-water mark). With ``timeline`` also returns the per-node category table."""
+        activation's replay high-water mark). With ``timeline`` also returns the per-node category table.
+        ``extra``: bytes to add to the activations during and just before each node (offload's, negative)."""
         acts_node, acts_between = self.activation_memory(mask, keep_until)
+        if extra is not None:
+            acts_node, acts_between = acts_node + extra[0], acts_between + extra[1]
         return self.peak_of(acts_node, acts_between, mask, transient, timeline)
 
     def peak_of(self, acts_node: np.ndarray, acts_between: np.ndarray, mask: np.ndarray, transient: np.ndarray,

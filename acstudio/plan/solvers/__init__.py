@@ -38,12 +38,14 @@ __all__ = ["DEFAULT_SOLVER", "LOOKS", "SOLVERS", "TRAJECTORY_SOLVER", "Look", "S
 
 
 def plan(profile: Profile, budget_bytes: int, solver: str = DEFAULT_SOLVER, simulator: Simulator | None = None,
-         cancel: CancelToken | None = None, ctx: PlanContext | None = None, mode: str | None = None) -> Plan:
+         cancel: CancelToken | None = None, ctx: PlanContext | None = None, mode: str | None = None,
+         offload: bool = True, host_memory: int | None = None) -> Plan:
     """Plan one budget with ``solver`` (a name in :data:`SOLVERS`); pass ``ctx`` to reuse what earlier calls
-    computed for the same profile. ``mode`` (a replay mode) plans for that mode: the plan's peak in it fits
-    (:func:`plan_for_mode`; ``auto`` searches every solver it knows); without it each solver picks its modes."""
+    computed for the same profile (it then says whether to offload). ``mode`` (a replay mode) plans for that mode:
+    the plan's peak in it fits (:func:`plan_for_mode`; ``auto`` searches every solver it knows); without it each
+    solver picks its modes. ``offload``, ``host_memory``: see :class:`~acstudio.plan.schedule.PlanContext`."""
     chosen = get_solver(solver)
-    ctx = ctx or PlanContext(profile, simulator)
+    ctx = ctx or PlanContext(profile, simulator, offload=offload, host_memory=host_memory)
     if mode is not None:
         return plan_for_mode(ctx, budget_bytes, mode, solver, cancel)
     return chosen.solve(ctx, budget_bytes, cancel=cancel)

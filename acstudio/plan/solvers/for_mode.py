@@ -29,6 +29,7 @@ def plan_for_mode(ctx: PlanContext, budget: int, mode: str, solver: str = DEFAUL
     set fits in ``mode``. Sets are priced once each; a solver whose set does not change down to the floor is
     asked twice only."""
     get_mode(mode)  # a clear error for an unknown mode before any search
+    ctx = ctx.without_offload()  # sets are priced in the mode, which may not offload
     priced: dict[tuple[int, ...], Plan] = {}
 
     def price(name: str, target: int) -> Plan:

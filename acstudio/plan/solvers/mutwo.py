@@ -18,6 +18,7 @@ step whose reported peak fits.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -28,11 +29,13 @@ import pandas as pd
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers.registry import CurvePoint, solver
+from acstudio.plan.solvers.registry import CurvePoint, best_of, solver
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
-from acstudio.simulate.replay import ReplayGraph
+from acstudio.simulate.offload import offload_schedule
+from acstudio.simulate.replay import Replay, ReplayGraph
 from acstudio.simulate.simulator import SimState, Simulator
+from acstudio.units import format_bytes
 
 BUDGET_MET = "budget met"
 BASELINE_FITS = "nothing to do: baseline fits"
@@ -306,6 +309,141 @@ def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progr
     return run_trajectory(PlanContext(profile, simulator), progress=progress, cancel=cancel)
 
 
+# -- the third choice: offload ---------------------------------------------------------------------------------
+
+# Host-memory caps offload_plan tries below the context's, each half the bytes the previous plan moved, while that
+# plan stalls: the greedy compares one step's stall with one recompute, and a plan that moves less can be faster.
+OFFLOAD_CAP_HALVINGS = 2
+
+
+def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None) -> Plan | None:
+    """The fastest of :func:`offload_greedy`'s plans, with and without ``covering``, under the context's host-memory
+    cap and, while a plan stalls, under :data:`OFFLOAD_CAP_HALVINGS` smaller caps; None when the context does not
+    offload (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads.
+
+    Neither swap rule wins everywhere: a swap that does not lower the current peak can still make room that a
+    later pick needs, or just move bytes."""
+    if not ctx.may_offload or ctx.sim.baseline_peak <= budget:
+        return None
+    plans: list[Plan] = []
+    for covering in (False, True):
+        cap = ctx.host_memory
+        for _ in range(OFFLOAD_CAP_HALVINGS + 1):
+            found = offload_greedy(ctx, budget, cap, cancel, covering)
+            if found is None:
+                break
+            plans.append(found)
+            if found.copies_hidden or not found.feasible:
+                break
+            cap = found.offload_bytes // 2
+    if not plans:
+        return None
+    fitting = [p for p in plans if p.feasible]
+    return (min(fitting, key=lambda p: (round(p.predicted_extra_ms, 6), p.offload_bytes)) if fitting
+            else min(plans, key=lambda p: p.predicted_peak_bytes))
+
+
+def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelToken | None = None,
+                   covering: bool = False) -> Plan | None:
+    """μ-TWO's Algorithm B with both branches: keep, recompute or offload, under ``budget`` and ``host_cap`` bytes
+    of host memory (None if it offloads nothing).
+
+    Each step compares the best swap candidate with the best recompute candidate and takes the cheaper; ties go
+    to the swap, which costs no compute. The swap candidate is the activation with the largest inactive time
+    among those whose time between last forward and first backward use spans the current peak (others cannot
+    lower it), whose bytes fit the host memory left and that no recomputation reads; with ``covering``, only
+    those whose copies, as scheduled, take it off the device at the peak (a slow link narrows that window). It
+    is priced at the stall it adds to the simulated step (:mod:`acstudio.simulate.offload`). The recompute
+    candidate is the largest recompute ratio, priced at its total recompute time (Alg D); picks keep Alg E/F's
+    bookkeeping (:class:`_Greedy`). A recompute candidate that would read an offloaded activation in the gap is
+    passed over, and an offloaded activation that a later pick's replay comes to read is kept on the device
+    again (and may be recomputed). The loop stops when the peak fits or neither branch has a candidate. The plan
+    is then priced in both replay modes that can offload, and the faster that fits is kept.
+    """
+    sim, rg = ctx.sim, ctx.rg
+    g = _Greedy(ctx)
+    inactive = np.array([a.inactive_time_ms for a in ctx.profile.activations])
+    swaps = sorted(np.flatnonzero(sim.offload_facts.offloadable).tolist(),
+                   key=lambda k: (-inactive[k], -rg.bytes[k], k))
+    offloaded: list[int] = []
+    tried: set[int] = set()
+    host_left = host_cap
+    peak, pos, _, schedule = _with_offload(g, offloaded)
+    while peak > budget:
+        check(cancel)
+        swap = next((k for k in swaps if k not in tried and not g.mask[k] and rg.bytes[k] <= host_left
+                     and g.state.keep_until[k] < 0 and rg.last_fw[k] < pos < rg.first_bw[k]), None)
+        recompute = _best_recompute(g, set(offloaded))
+        if swap is None and recompute is None:
+            break
+        swap_cost = np.inf
+        if swap is not None:
+            trial = _with_offload(g, [*offloaded, swap])
+            if covering and not _off_device_at(trial[3], swap, pos):  # as its copies are scheduled, still there
+                tried.add(swap)
+                continue
+            swap_cost = trial[3].stall_ms - schedule.stall_ms
+        if recompute is None or swap_cost <= g.time[recompute] * (1 + g.n_dep[recompute]):
+            offloaded.append(swap)
+            tried.add(swap)
+            host_left -= int(rg.bytes[swap])
+            if swap in g.slot:  # an offloaded activation is no longer a recompute candidate
+                g.ratio[g.slot[swap]] = -np.inf
+            peak, pos, _, schedule = trial
+            continue
+        g.pick()
+        for k in [k for k in offloaded if g.state.keep_until[k] >= 0]:  # a replay reads it now: back on the device
+            offloaded.remove(k)
+            host_left += int(rg.bytes[k])
+            if k in g.slot:
+                g._rate(k)
+        peak, pos, _, schedule = _with_offload(g, offloaded)
+    if not offloaded:
+        return None
+    recomputed = list(g.pick_ratio)
+    plans = [ctx.plan_for_set(NAME, budget, recomputed, mode=mode, ratios=g.pick_ratio, offloaded=offloaded)
+             for mode in ("again", "shared")]
+    fitting = [p for p in plans if p.feasible]
+    best = (min(fitting, key=lambda p: p.predicted_extra_ms) if fitting
+            else min(plans, key=lambda p: p.predicted_peak_bytes))
+    hidden = "copies hidden" if best.copies_hidden else f"copies stall {best.offload_stall_ms:.2f} ms"
+    reason = BUDGET_MET if best.feasible else "budget not met"
+    return dataclasses.replace(best, stop_reason=f"{reason}: {len(best.offloaded)} activations offloaded "
+                                                 f"({format_bytes(best.offload_bytes)} each way, {hidden})")
+
+
+def _best_recompute(g: _Greedy, offloaded: set[int]) -> int | None:
+    """The recompute candidate μ-TWO picks next (the one :meth:`_Greedy.pick` takes), after passing over those
+    whose replay would read an offloaded activation."""
+    while g.ratio.size:
+        i = int(np.argmax(g.ratio))
+        if g.ratio[i] == -np.inf:
+            return None
+        k = g.order[i]
+        if not offloaded.intersection(g.sources[k]):
+            return k
+        g.ratio[i] = -np.inf
+    return None
+
+
+def _off_device_at(schedule, k: int, pos: int) -> bool:
+    """Whether offloaded activation ``k`` is off the device at node ``pos`` in ``schedule``."""
+    j = np.flatnonzero(schedule.offloaded == k)
+    return bool(j.size) and bool(schedule.release[j[0]] <= pos < schedule.prefetch[j[0]])
+
+
+def _with_offload(g: _Greedy, offloaded: list[int]):
+    """(peak, position, during a replay, offload schedule) of the greedy's recompute set with ``offloaded``."""
+    sim, rg = g.ctx.sim, g.rg
+    replays = [Replay(int(rg.first_bw[k]), (int(k),), (), (), (), g.nodes[k], float(g.time[k]), 0)
+               for k in np.flatnonzero(g.mask)]
+    schedule = offload_schedule(sim, offloaded, replays, g.state.keep_until)
+    node, between = schedule.memory(sim)
+    peak, pos, before = sim.peak_of(g.state.acts_node + node, g.state.acts_between + between, g.mask,
+                                    g.state.transient)
+    return peak, pos, before, schedule
+
+
 # -- the solver --------------------------------------------------------------------------------------------------
 
 NAME = "mutwo"  # the app's quick answer and main curve are this solver's plans, read off its trajectory
@@ -329,9 +467,12 @@ def mutwo_curve(ctx: PlanContext, progress: ProgressFn | None = None, cancel: Ca
     return points
 
 
-@solver(NAME, "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster", curve=mutwo_curve,
-        instant=True, auto_order=0, kept_reason="kept: the budget was met before μ-TWO reached it")
+@solver(NAME, "μ-TWO's greedy, replaying chains again or as shared chains, whichever is faster, and offloading "
+              "to host memory where that is cheaper", curve=mutwo_curve, instant=True, auto_order=0,
+        kept_reason="kept: the budget was met before μ-TWO reached it")
 def solve_mutwo(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     if ctx.sim.baseline_peak <= budget:
         return ctx.plan_for_set(NAME, budget, [], BASELINE_FITS)
-    return trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
+    recompute_only = trajectory(ctx, cancel=cancel).best_plan_for_budget(budget)
+    with_offload = offload_plan(ctx, budget, cancel)
+    return recompute_only if with_offload is None else best_of([recompute_only, with_offload])

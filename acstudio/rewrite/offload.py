@@ -1,0 +1,262 @@
+"""Offload in the rewritten step: activations copied to a pinned host pool after forward and back before backward.
+
+:func:`insert_offload` adds, for each offloaded activation, the nodes the simulator's schedule places
+(:mod:`acstudio.simulate.offload`): a copy to the host right after its last forward write, a release before the
+node where the copy is predicted done, a copy back (which allocates the device tensor) where the prefetch is
+issued, and a wait right before its first backward use that returns the tensors backward reads, rebuilt over the
+fetched storage with their original sizes, strides and offsets. Whole storages are copied as bytes, so every
+value comes back bit for bit.
+
+On CUDA the copies run on two side streams ordered by events: the copy out waits for the compute stream (the
+producer), the release makes the compute stream wait for the copy out before the tensor is dropped, the copy back
+waits for the compute stream (the allocation) and for the copy out, and the compute stream waits for the copy back
+before backward reads it. Nothing waits on the host, so the hot path never synchronises. The pinned pool (one
+buffer per offloaded activation) is allocated once, on the first step, after checking that the host has the
+memory, and reused by every step after. On a CPU device the same nodes copy into a preallocated host buffer and
+back, synchronously: the step runs the offload logic, but device and host memory are the same memory.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from acstudio.errors import ACStudioError
+
+RUNTIME_ATTR = "acstudio_offload"
+FORWARD_REGIONS = ("forward", "loss")
+
+
+class HostMemoryError(ACStudioError):
+    """The host has not enough free memory for the pinned pool a plan's offload needs."""
+
+
+class CpuOffloadWarning(UserWarning):
+    """A plan with offload runs on a CPU device, where the copies save no memory."""
+
+
+def host_available_bytes() -> int | None:
+    from acstudio.profile.profiler import host_available_bytes as available
+
+    return available()
+
+
+class OffloadRuntime(torch.nn.Module):
+    """The state the offload nodes of one rewritten step share: per slot (offloaded activation) its size, the
+    pinned pool, the copy streams and events, and the layout of the tensors backward reads. A module (with no
+    parameters or buffers) so that the graph reaches it as a submodule."""
+
+    def __init__(self, activations: list[str], sizes: list[int]) -> None:
+        super().__init__()
+        self.activations = activations
+        self.sizes = sizes  # bytes of each slot (the profile's storage size: at least the storage's own)
+        self.pool: torch.Tensor | None = None
+        self.slots: list[torch.Tensor] = []
+        self.nbytes: list[int] = []
+        self.layouts: list[list[tuple]] = []
+        self.device: torch.device | None = None
+        self.streams: tuple | None = None
+        self.out_done: list = []
+        self.in_done: list = []
+
+    @property
+    def pool_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def ensure_pool(self, device: torch.device) -> None:
+        """Allocate the pinned pool once (checking the host's free memory first) and the CUDA streams and events."""
+        if self.pool is not None:
+            if device != self.device:
+                raise ACStudioError(f"this rewritten step offloads from {self.device}; it cannot run on {device}")
+            return
+        free = host_available_bytes()
+        if free is not None and self.pool_bytes > free:
+            raise HostMemoryError(
+                f"the plan offloads {self.pool_bytes / 2**30:.2f} GiB of activations but the host has only "
+                f"{free / 2**30:.2f} GiB free — plan with a lower --host-memory, or with --no-offload")
+        cuda = device.type == "cuda"
+        if not cuda:
+            warnings.warn("this plan offloads activations but runs on a CPU device: they are copied into a host "
+                          "buffer and back, which saves no memory — run it on a GPU for the savings",
+                          CpuOffloadWarning, stacklevel=3)
+        self.pool = torch.empty(self.pool_bytes, dtype=torch.uint8, pin_memory=cuda)
+        offsets = [sum(self.sizes[:j]) for j in range(len(self.sizes))]
+        self.slots = [self.pool[o:o + n] for o, n in zip(offsets, self.sizes)]
+        self.nbytes = [0] * len(self.sizes)
+        self.layouts = [[] for _ in self.sizes]
+        self.device = device
+        if cuda:
+            self.streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+            self.out_done = [torch.cuda.Event() for _ in self.sizes]
+            self.in_done = [torch.cuda.Event() for _ in self.sizes]
+
+    # -- the four steps of one offloaded activation ------------------------------------------------------------
+    def to_host(self, slot: int, tensor: torch.Tensor) -> None:
+        self.ensure_pool(tensor.device)
+        data = storage_bytes(tensor)
+        n = data.numel()
+        if n > self.sizes[slot]:
+            raise ACStudioError(f"offloaded activation {self.activations[slot]} holds {n} bytes, more than the "
+                                f"{self.sizes[slot]} its profile measured — profile the model again")
+        self.nbytes[slot] = n
+        if self.streams is None:
+            self.slots[slot][:n].copy_(data)
+            return
+        out_stream = self.streams[0]
+        out_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(out_stream):
+            self.slots[slot][:n].copy_(data, non_blocking=True)
+        self.out_done[slot].record(out_stream)
+
+    def release(self, slot: int, tensors: tuple[torch.Tensor, ...]) -> None:
+        self.layouts[slot] = [(t.dtype, t.size(), t.stride(), t.storage_offset()) for t in tensors]
+        if self.streams is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.out_done[slot])
+
+    def prefetch(self, slot: int) -> torch.Tensor:
+        n = self.nbytes[slot]
+        buffer = torch.empty(n, dtype=torch.uint8, device=self.device)
+        if self.streams is None:
+            buffer.copy_(self.slots[slot][:n])
+            return buffer
+        in_stream = self.streams[1]
+        in_stream.wait_stream(torch.cuda.current_stream(self.device))
+        in_stream.wait_event(self.out_done[slot])
+        with torch.cuda.stream(in_stream):
+            buffer.copy_(self.slots[slot][:n], non_blocking=True)
+        self.in_done[slot].record(in_stream)
+        return buffer
+
+    def wait(self, slot: int, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.streams is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.in_done[slot])
+        storage = buffer.untyped_storage()
+        return tuple(torch.empty(0, dtype=dtype, device=buffer.device).set_(storage, offset, size, stride)
+                     for dtype, size, stride, offset in self.layouts[slot])
+
+
+def storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``tensor`` as a flat uint8 tensor (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+
+
+# Graph targets: plain functions, so FX's generated code calls them by name.
+def offload_to_host(runtime: OffloadRuntime, slot: int, tensor: torch.Tensor) -> None:
+    runtime.to_host(slot, tensor)
+
+
+def offload_release(runtime: OffloadRuntime, slot: int, source: torch.Tensor, *tensors: torch.Tensor) -> None:
+    """Free ``source``'s storage once its copy is done (``source`` is passed so that FX keeps it until here);
+    ``tensors`` are the views of it backward reads, rebuilt by :func:`offload_wait`."""
+    runtime.release(slot, tensors)
+
+
+def offload_prefetch(runtime: OffloadRuntime, slot: int) -> torch.Tensor:
+    return runtime.prefetch(slot)
+
+
+def offload_wait(runtime: OffloadRuntime, slot: int, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return runtime.wait(slot, buffer)
+
+
+@dataclass
+class Offload:
+    """Where one offloaded activation's copies run in the rewritten step (ids of original nodes)."""
+
+    activation: str
+    bytes: int
+    copied_after: str
+    released_before: str
+    prefetched_before: str
+    first_bw_use: str
+
+
+def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload]:
+    """Add the offload nodes of ``schedule`` (an :class:`~acstudio.simulate.offload.OffloadSchedule` of
+    ``profile``; ``facts``: its :class:`~acstudio.simulate.offload.OffloadFacts`) to ``gm``, a rewrite of the
+    graph ``profile`` measured whose original nodes keep their ``ac_id``."""
+    from acstudio.rewrite.rewriter import RewriteError
+
+    graph = gm.graph
+    by_id = {n.meta["ac_id"]: n for n in graph.nodes}
+    original = [by_id[r.id] for r in profile.nodes]
+    tensors = {t.id: t for t in profile.tensors}
+    held: dict[str, list[str]] = {}  # original node id -> storages it holds
+    for t in profile.tensors:
+        for h in (t.created_at, *t.aliases):
+            held.setdefault(h, []).append(t.id)
+    act_ids = [a.id for a in profile.activations]
+    ks = schedule.offloaded.tolist()
+    runtime = OffloadRuntime([act_ids[k] for k in ks], [int(b) for b in schedule.bytes])
+    gm.add_submodule(RUNTIME_ATTR, runtime)
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    with graph.inserting_before(first):
+        rt = graph.get_attr(RUNTIME_ATTR)
+    _label(rt, "offload.runtime", "forward", [])
+
+    def before_replays(i: int) -> fx.Node:
+        """The first node of the replays inserted before original node ``i`` (or ``i`` itself)."""
+        anchor = original[i]
+        while anchor.prev.meta.get("ac_role") in ("recompute", "rng") and "ac_of" in anchor.prev.meta:
+            anchor = anchor.prev
+        return anchor
+
+    after_ready = {int(i): original[i].next for i in set(schedule.ready.tolist())}
+    placed = []
+    for slot, k in enumerate(ks):
+        sid = act_ids[k]
+        t = tensors[sid]
+        holders = [by_id[h] for h in (t.created_at, *t.aliases)]
+        forward = [h for h in holders if h.meta["ac_region"] in FORWARD_REGIONS]
+        source = original[facts.source[k]]
+        wanted = [h for h in forward if any(u.meta["ac_region"] not in FORWARD_REGIONS for u in h.users)]
+        with graph.inserting_before(after_ready[int(schedule.ready[slot])]):
+            node = graph.call_function(offload_to_host, (rt, slot, source))
+        _label(node, f"{sid}@d2h", "forward", [])
+        with graph.inserting_before(before_replays(int(schedule.release[slot]))):
+            release = graph.call_function(offload_release, (rt, slot, source, *wanted))
+        _label(release, f"{sid}@release", "forward", [])
+        placed.append((slot, sid, holders, wanted, release))
+    fetched = {}
+    for slot, sid, *_ in placed:  # after every release: a release and a prefetch may share a node
+        with graph.inserting_before(before_replays(int(schedule.prefetch[slot]))):
+            fetched[slot] = graph.call_function(offload_prefetch, (rt, slot))
+        _label(fetched[slot], f"{sid}@h2d", "backward", [f"{sid}@h2d"])
+    records = []
+    for slot, sid, holders, wanted, release in placed:
+        anchor = original[int(schedule.first_bw[slot])]
+        with graph.inserting_before(anchor):
+            views = graph.call_function(offload_wait, (rt, slot, fetched[slot]))
+            copies = [graph.call_function(operator.getitem, (views, j)) for j in range(len(wanted))]
+        _label(views, f"{sid}@wait", "backward", [f"{sid}@h2d"])
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        for j, (h, copy) in enumerate(zip(wanted, copies)):
+            _label(copy, f"{sid}@wait.{j}", "backward", [f"{sid}@h2d"])
+            copy.meta.update({key: h.meta[key] for key in ("ac_shape", "ac_dtype", "val") if key in h.meta})
+            for u in list(h.users):
+                if position[u] > position[copy]:
+                    u.replace_input_with(h, copy)
+        for h in holders:  # backward views of the activation now alias the fetched storage
+            if h.meta["ac_region"] not in FORWARD_REGIONS:
+                storages = h.meta.get("ac_storages", held.get(h.meta["ac_id"], []))
+                h.meta["ac_storages"] = [f"{sid}@h2d" if s == sid else s for s in storages]
+        for h in holders:
+            if h.meta["ac_region"] in FORWARD_REGIONS:
+                late = [u for u in h.users if position[u] > position[release]]
+                if late:
+                    raise RewriteError(f"offloaded activation {sid} is still read by {late[0].meta['ac_id']} after "
+                                       "its device memory is released")
+        records.append(Offload(sid, int(schedule.bytes[slot]), profile.nodes[int(schedule.ready[slot])].id,
+                               profile.nodes[int(schedule.release[slot])].id,
+                               profile.nodes[int(schedule.prefetch[slot])].id,
+                               profile.nodes[int(schedule.first_bw[slot])].id))
+    return records
+
+
+def _label(node: fx.Node, ac_id: str, region: str, storages: list[str]) -> None:
+    node.meta.update(ac_id=ac_id, ac_role="offload", ac_region=region, ac_storages=storages, ac_shape="",
+                     ac_dtype="")

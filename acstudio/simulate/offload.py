@@ -1,0 +1,177 @@
+"""Offload: an activation copied to host memory after forward and back before backward, simulated exactly.
+
+μ-TWO's third decision besides keeping and recomputing (its swap). For an offloaded activation ``k``:
+
+* the device-to-host copy is issued on its own stream right after ``k``'s last forward write (its creator, or
+  the last in-place op on its storage), and copies run one after another on that stream;
+* the device memory is freed before the first node ``release[k]`` after its last forward use that starts once
+  the copy has ended (the rewritten step makes the compute stream wait for the copy there, then drops the
+  tensor); if no node starts after it before the first backward use, the step waits for the copy there;
+* the host-to-device copy is issued on a second copy stream before node ``prefetch[k]``, which allocates ``k``
+  again, as late as lets it land by ``k``'s first backward use: the copies are laid back to back, latest first,
+  each ending by its first backward use or by the start of the copy after it (the lane is serial);
+* where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time.
+
+Times come from the nodes' run times (scaled as for recomputation) plus the replays a plan inserts; both lanes
+run at the rate the link reaches with both directions copying (they overlap around the loss; elsewhere that rate
+is conservative). Memory is the replay mode's with ``k`` kept, minus ``k``'s bytes from ``release[k]`` up to
+the node before ``prefetch[k]``. Host memory is one pinned buffer per offloaded activation, held all step (the
+rewritten step allocates the pool once and reuses it). An activation a replay reads as a source (it must be in
+memory when the replay runs) or one the plan recomputes is not offloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from acstudio.simulate.replay import FORWARD_REGIONS, is_inplace
+
+# Smaller activations are not offloaded: a copy's launch costs more than the bytes it frees (torchtune's
+# min_offload_size).
+MIN_OFFLOAD_BYTES = 1024
+
+
+class OffloadFacts:
+    """Per activation of a simulator's profile: whether it can be offloaded (``reason`` empty) and the node after
+    which its copy to the host is issued (``ready``: its last forward write)."""
+
+    def __init__(self, sim) -> None:
+        profile, rg = sim.profile, sim.replay
+        nodes, index = profile.nodes, profile.node_index
+        held = np.zeros(len(nodes), dtype=np.int64)
+        holders: dict[str, list[int]] = {}
+        for t in profile.tensors:
+            hs = [index[h] for h in (t.created_at, *t.aliases)]
+            holders[t.id] = hs
+            held[hs] += 1
+        n_act = len(rg.bytes)
+        self.ready = np.full(n_act, -1, dtype=np.int64)
+        self.source = np.full(n_act, -1, dtype=np.int64)  # the forward node whose tensor the copy reads
+        self.reason: list[str] = []
+        for k, a in enumerate(profile.activations):
+            forward = [h for h in holders.get(a.id, []) if nodes[h].region in FORWARD_REGIONS]
+            alone = [h for h in forward if held[h] == 1 and nodes[h].storage == a.id]
+            writers = [h for h in forward if is_inplace(nodes[h].target)]
+            if alone:
+                self.source[k] = alone[0]
+                self.ready[k] = max([alone[0], *writers])
+            if not alone:
+                why = "no forward node holds it alone (a multi-output op's storage)"
+            elif nodes[rg.last_bw[k]].op == "output":
+                why = "the step returns it"
+            elif rg.first_bw[k] <= rg.last_fw[k] + 1:
+                why = "no node runs between its last forward and first backward use"
+            elif a.bytes < MIN_OFFLOAD_BYTES:
+                why = f"smaller than {MIN_OFFLOAD_BYTES} bytes: a copy costs more than it frees"
+            else:
+                why = ""
+            self.reason.append(why)
+        self.offloadable = np.array([not r for r in self.reason], dtype=bool)
+
+
+@dataclass
+class OffloadSchedule:
+    """Where and when the copies of a plan's offloaded activations (indices, by copy order) run, and their cost.
+
+    Node indices: ``ready`` (the copy out is issued after it), ``release`` (its device memory is freed before it),
+    ``prefetch`` (the copy back is issued, and the memory allocated, before it), ``first_bw``; times in ms from the
+    step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies.
+    """
+
+    offloaded: np.ndarray
+    bytes: np.ndarray
+    ready: np.ndarray
+    release: np.ndarray
+    prefetch: np.ndarray
+    first_bw: np.ndarray
+    d2h: np.ndarray
+    h2d: np.ndarray
+    stall_ms: float
+
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes crossing the link each way."""
+        return int(self.bytes.sum())
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host memory the step holds for the copies (one buffer per offloaded activation)."""
+        return int(self.bytes.sum())
+
+    @property
+    def hidden(self) -> bool:
+        return self.stall_ms <= 0.0
+
+    def host_memory(self, sim) -> np.ndarray:
+        """Bytes of offloaded activations held on the host at each node: from the node after which the copy out
+        is issued to the node before their first backward use (a curve inside the pool, which is held all step)."""
+        return sim._span(self.ready + 1, self.first_bw - 1, self.bytes)
+
+    def memory(self, sim) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes to add to the activation memory during and just before each node: minus each offloaded
+        activation from its release to the node before its prefetch."""
+        gap = sim._span(self.release, self.prefetch - 1, -self.bytes)
+        return gap, gap.copy()
+
+
+def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (), keep_until: np.ndarray | None = None
+                     ) -> OffloadSchedule:
+    """Schedule and price the copies of activation indices ``offloaded`` (see the module docstring) beside the
+    ``replays`` a plan runs (:class:`~acstudio.simulate.replay.Replay`: inserted before node ``at``, taking
+    ``time_ms``). ``keep_until`` (per activation, the last replay reading it, -1: none): activations a replay
+    reads, and those a replay produces, stay on the device; so do those that cannot be offloaded."""
+    rg, facts, link = sim.replay, sim.offload_facts, sim.profile.link
+    produced = {k for r in replays for k in r.outputs}
+    ks = [int(k) for k in dict.fromkeys(offloaded) if facts.offloadable[k] and k not in produced
+          and (keep_until is None or keep_until[k] < 0)]
+    ks.sort(key=lambda k: (facts.ready[k], rg.created[k], k))
+    ks_arr = np.array(ks, dtype=np.int64)
+    nbytes = rg.bytes[ks_arr]
+    duration = nbytes / (link.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
+    at = np.array([r.at for r in replays], dtype=np.int64)
+    replay_ms = np.bincount(at, weights=[r.time_ms for r in replays], minlength=sim.n) if len(at) else np.zeros(sim.n)
+    run = rg.run_ms
+    start = np.cumsum(run + replay_ms) - run  # node i starts (its replays have run)
+    issue = start - replay_ms  # the point before node i where copies are issued and memory released
+    end = start + run
+    ready, last_fw, first_bw = facts.ready[ks_arr], rg.last_fw[ks_arr], rg.first_bw[ks_arr]
+
+    # Planned out-copies (no stalls), then the first node after each that starts once it has ended.
+    d2h_end = np.zeros(len(ks))
+    lane = 0.0
+    for j in range(len(ks)):
+        lane = max(end[ready[j]], lane) + duration[j]
+        d2h_end[j] = lane
+    release = np.clip(np.searchsorted(issue, d2h_end, side="left"), last_fw + 1, first_bw)
+    # In-copies laid back to back from the end, each landing by its first backward use.
+    prefetch = np.zeros(len(ks), dtype=np.int64)
+    lane = np.inf
+    for j in sorted(range(len(ks)), key=lambda j: (first_bw[j], rg.created[ks[j]], ks[j]), reverse=True):
+        begin = min(start[first_bw[j]], lane) - duration[j]
+        lane = begin
+        prefetch[j] = np.searchsorted(issue, begin, side="right") - 1
+    prefetch = np.clip(prefetch, release, first_bw)
+
+    # The step as it runs: the compute stream waits where a copy is late.
+    events = sorted([(ready[j], 3, j) for j in range(len(ks))] + [(release[j], 0, j) for j in range(len(ks))]
+                    + [(prefetch[j], 1, j) for j in range(len(ks))] + [(first_bw[j], 2, j) for j in range(len(ks))])
+    d2h = np.zeros((len(ks), 2))
+    h2d = np.zeros((len(ks), 2))
+    delay, out_lane, in_lane = 0.0, 0.0, 0.0
+    for node, phase, j in events:
+        if phase == 3:  # the copy out, after its ready node
+            begin = max(end[node] + delay, out_lane)
+            d2h[j] = begin, begin + duration[j]
+            out_lane = d2h[j, 1]
+        elif phase == 0:  # the compute stream waits for the copy out, then frees the device memory
+            delay += max(0.0, d2h[j, 1] - (issue[node] + delay))
+        elif phase == 1:  # the copy back is issued once the copy out has ended and the lane is free
+            begin = max(issue[node] + delay, in_lane, d2h[j, 1])
+            h2d[j] = begin, begin + duration[j]
+            in_lane = h2d[j, 1]
+        else:  # the first backward use waits for it
+            delay += max(0.0, h2d[j, 1] - (start[node] + delay))
+    return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, d2h, h2d, float(delay))

@@ -1,0 +1,235 @@
+"""Offload: the host link in the profile, the simulator's copies against the rewritten graph, and the runtime."""
+
+import copy
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import gpu, tiny_spec
+from test_rewrite import captured, quick_profile, run_from
+
+from acstudio.capture import capture_step
+from acstudio.cli import main
+from acstudio.errors import CorruptFileError
+from acstudio.plan import plan as make_plan
+from acstudio.plan.model import Plan
+from acstudio.plan.peak import explain_peak
+from acstudio.plan.schedule import PlanContext
+from acstudio.plan.validation import check_plan_derivation
+from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
+from acstudio.profile.profiler import measure_host_link
+from acstudio.rewrite import offload as runtime_module
+from acstudio.rewrite import rewrite, rewrite_step
+from acstudio.rewrite.memory import live_bytes
+from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError
+from acstudio.simulate.modes import simulate_plan
+from acstudio.simulate.simulator import Simulator
+from acstudio.workload import build_workload
+from acstudio.workload.spec import make_optimizer
+
+
+def offloadable(sim: Simulator) -> list[str]:
+    return [sim.replay.act_ids[k] for k in np.flatnonzero(sim.offload_facts.offloadable)]
+
+
+def run_quietly(step, w, opt, spec):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CpuOffloadWarning)
+        return run_from(step, w.model, opt, spec.optimizer, w.batch)
+
+
+def test_profile_stores_the_host_link_and_reads_old_files_with_defaults(tmp_path):
+    *_, profile = captured("gpt2")
+    assert profile.host_link is None and not profile.link.measured
+    assert profile.link.duplex_rate == DEFAULT_LINK_GB_S and profile.link.host_bytes == DEFAULT_HOST_FREE_BYTES
+    measured = dataclasses.replace(profile, host_link=HostLink(55.0, 54.0, 48.5, 3 * 2**30))
+    measured.save(tmp_path / "p.json")
+    back = Profile.load(tmp_path / "p.json")
+    assert back.host_link == measured.host_link and back.link.measured
+    assert back.link.duplex_rate == 48.5 and back.link.host_bytes == 3 * 2**30
+    assert back.fingerprint == profile.fingerprint  # the link is no part of the graph's identity
+
+
+def test_a_cpu_device_has_no_link_but_the_host_memory_is_recorded():
+    link = measure_host_link(torch.device("cpu"))
+    assert link.d2h_gb_s is link.h2d_gb_s is link.duplex_gb_s is None and not link.measured
+    assert link.host_free_bytes is None or link.host_free_bytes > 0
+    assert link.duplex_rate == DEFAULT_LINK_GB_S
+
+
+def test_old_plan_files_read_as_no_offload(tmp_path):
+    *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:3])
+    doc = plan.to_dict()
+    for key in ("offloaded", "offload_bytes", "offload_stall_ms", "host_bytes"):
+        del doc[key]
+    old = Plan.from_dict(doc)
+    assert old.offloaded == [] and old.offload_bytes == 0 and old.copies_hidden
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+@pytest.mark.parametrize("mode", ["again", "shared"])
+def test_simulated_peak_is_the_rewritten_graphs_and_results_are_bitwise_equal(model, mode):
+    spec, w, opt, step, profile = captured(model)
+    sim = Simulator(profile)
+    acts = offloadable(sim)
+    recompute = [sim.replay.act_ids[k] for k in sim.replay.candidates[::3]]
+    expected = run_from(step, w.model, opt, spec.optimizer, w.batch)
+    for rc, off in (([], acts), ([], acts[::2]), (recompute, acts[1::2])):
+        result = simulate_plan(sim, rc, mode, off)
+        moved = [sim.replay.act_ids[k] for k in result.offload.offloaded]
+        assert moved and set(moved) <= set(off) and not set(moved) & set(rc)
+        new = rewrite_step(step, profile, rc, replay_mode=mode, offloaded=moved)
+        assert max(live_bytes(new.gm, profile)) == result.peak_bytes
+        assert [o.activation for o in new.offloads] == [sim.replay.act_ids[k] for k in result.offload.offloaded]
+        for a, b in zip(run_quietly(new, w, opt, spec), expected):
+            assert torch.equal(a, b)
+    assert simulate_plan(sim, [], mode, acts).peak_bytes < sim.baseline_peak
+
+
+def test_copies_free_memory_only_once_done_and_stall_when_the_link_is_slow():
+    *_, profile = captured("gpt2")
+    sim = Simulator(profile)
+    acts = offloadable(sim)
+    fast = simulate_plan(sim, [], "again", acts)
+    schedule = fast.offload
+    start = np.cumsum(sim.replay.run_ms) - sim.replay.run_ms
+    assert fast.extra_ms == schedule.stall_ms == 0.0 and schedule.hidden
+    assert np.all(start[schedule.release] >= schedule.d2h[:, 1] - 1e-9), "released before its copy ended"
+    assert np.all(start[schedule.first_bw] >= schedule.h2d[:, 1] - 1e-9), "read before its copy landed"
+    assert np.all(np.diff(schedule.d2h[:, 0]) >= 0) and np.all(schedule.d2h[1:, 0] >= schedule.d2h[:-1, 1] - 1e-9)
+    slow_profile = dataclasses.replace(profile, host_link=HostLink(1e-4, 1e-4, 1e-4, 2**30))
+    slow = simulate_plan(Simulator(slow_profile), [], "again", acts)
+    assert slow.offload.stall_ms > 0 and slow.extra_ms == pytest.approx(slow.offload.stall_ms)
+    assert slow.peak_bytes >= fast.peak_bytes  # a slow copy frees later and allocates earlier
+    assert slow.offload.host_bytes == slow.offload.moved_bytes == int(sim.replay.bytes[slow.offload.offloaded].sum())
+    host = schedule.host_memory(sim)
+    assert host.max() <= schedule.host_bytes and host[: schedule.ready.min() + 1].sum() == 0
+    at = int(schedule.first_bw.min()) - 1
+    inside = (schedule.ready < at) & (at < schedule.first_bw)
+    assert host[at] == int(schedule.bytes[inside].sum()) > 0
+
+
+def test_pinned_pool_is_allocated_once_and_reused():
+    spec, w, opt, step, profile = captured("bert")
+    sim = Simulator(profile)
+    new = rewrite_step(step, profile, [], offloaded=offloadable(sim))
+    runtime = getattr(new.gm, runtime_module.RUNTIME_ATTR)
+    model = copy.deepcopy(w.model)
+    optimizer = make_optimizer(spec.optimizer, model.parameters())
+    optimizer.load_state_dict(copy.deepcopy(opt.state_dict()))
+    with pytest.warns(CpuOffloadWarning, match="saves no memory"):
+        new.run(model, optimizer, w.batch)
+    pool, slots = runtime.pool, [s.data_ptr() for s in runtime.slots]
+    assert pool.numel() == runtime.pool_bytes == sum(o.bytes for o in new.offloads)
+    for _ in range(3):
+        new.run(model, optimizer, w.batch)
+        assert runtime.pool is pool and [s.data_ptr() for s in runtime.slots] == slots
+
+
+def test_too_little_host_memory_is_one_line_before_the_first_step(monkeypatch):
+    spec, w, opt, step, profile = captured("gpt2")
+    new = rewrite_step(step, profile, [], offloaded=offloadable(Simulator(profile)))
+    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: 1024)
+    model = copy.deepcopy(w.model)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = make_optimizer(spec.optimizer, model.parameters())
+    optimizer.load_state_dict(copy.deepcopy(opt.state_dict()))
+    ran = []
+    new.gm.register_forward_pre_hook(lambda *_: ran.append(True))
+    with pytest.raises(HostMemoryError, match=r"^the plan offloads .* GiB .* --no-offload$"):
+        new.run(model, optimizer, w.batch)
+    assert not ran, "the step must not start"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_plan_with_offload_round_trips_and_rewrites_as_planned(tmp_path):
+    *_, step, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    sim = ctx.sim
+    off = [sim.replay.act_index[a] for a in offloadable(sim)[::2]]
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2], offloaded=off)
+    assert plan.offloaded and plan.offload_bytes == plan.host_bytes > 0
+    assert plan.predicted_extra_ms == pytest.approx(
+        simulate_plan(sim, plan.recomputed, "again", plan.offloaded).extra_ms)
+    plan.save(tmp_path / "plan.json")
+    back = Plan.load(tmp_path / "plan.json", profile)
+    assert back.offloaded == plan.offloaded and back.decisions(profile)[plan.offloaded[0]] == "offload"
+    new = rewrite(step, profile, back)
+    assert {o.activation for o in new.offloads} == set(plan.offloaded)
+    assert max(live_bytes(new.gm, profile)) == plan.predicted_peak_bytes
+    edited = dataclasses.replace(back, offload_bytes=back.offload_bytes + 512)
+    with pytest.raises(CorruptFileError, match="offload_bytes"):
+        check_plan_derivation(edited, profile, "plan.json", ctx)
+    both = dataclasses.replace(back, offloaded=[*back.offloaded, back.recomputed[0]]).to_dict()
+    with pytest.raises(CorruptFileError, match="recomputed too"):
+        Plan.from_dict(both, "plan.json")
+
+
+def on_gpu(profile, **link):
+    """The profile as if measured on a GPU (a CPU profile plans no offload: its device memory is the host's)."""
+    env = {**profile.environment, "device_type": "cuda"}
+    return dataclasses.replace(profile, environment=env, host_link=HostLink(**link) if link else None)
+
+
+def test_planner_offloads_where_copies_hide_and_recomputes_where_they_would_stall():
+    *_, step, profile = captured("gpt2")
+    budget = int(profile.peak_bytes * 0.9)
+    assert not make_plan(profile, budget).offloaded, "a CPU profile has no link to offload over"
+    gpu = on_gpu(profile)
+    plan = make_plan(gpu, budget)
+    recompute_only = make_plan(gpu, budget, offload=False)
+    assert plan.feasible and plan.offloaded and plan.copies_hidden and "offloaded" in plan.stop_reason
+    assert not recompute_only.offloaded and recompute_only.feasible
+    assert plan.predicted_extra_ms < recompute_only.predicted_extra_ms
+    assert plan.offload_bytes == sum(plan.activation_bytes[a] for a in plan.offloaded) == plan.host_bytes
+    assert max(live_bytes(rewrite(step, gpu, plan).gm, gpu)) == plan.predicted_peak_bytes <= budget
+    report = explain_peak(PlanContext(gpu), plan)
+    assert report.node == plan.predicted_peak_node and report.total == plan.predicted_peak_bytes
+    capped = make_plan(gpu, budget, host_memory=plan.host_bytes // 2)
+    assert capped.host_bytes <= plan.host_bytes // 2
+    slow = make_plan(on_gpu(profile, d2h_gb_s=1e-4, h2d_gb_s=1e-4, duplex_gb_s=1e-4, host_free_bytes=2**30), budget)
+    assert not slow.offloaded and slow.predicted_extra_ms == pytest.approx(recompute_only.predicted_extra_ms)
+
+
+def test_cli_plans_offload_by_default_and_not_with_no_offload(tmp_path, capsys):
+    *_, profile = captured("gpt2")
+    path = tmp_path / "gpu.json"
+    on_gpu(profile).save(path)
+    assert main(["plan", str(path), "--budget", "90%", "--out", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "offload: " in out and "not measured: priced at the default link" in out and "copies hidden" in out
+    assert Plan.load(tmp_path / "a.json").offloaded
+    assert main(["plan", str(path), "--budget", "90%", "--no-offload", "--out", str(tmp_path / "b.json")]) == 0
+    assert "offload: " not in capsys.readouterr().out and not Plan.load(tmp_path / "b.json").offloaded
+    assert main(["plan", str(path), "--budget", "90%", "--host-memory", "1KiB", "--out", str(tmp_path / "c.json")]) == 0
+    assert Plan.load(tmp_path / "c.json").host_bytes <= 1024
+
+
+@gpu
+def test_cuda_copies_run_on_side_streams_into_a_pinned_pool_bitwise():
+    spec = tiny_spec("gpt2")
+    w = build_workload(spec).to(torch.device("cuda"))
+    opt = w.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn)
+    profile = quick_profile(spec, step)
+    new = rewrite_step(step, profile, [], offloaded=offloadable(Simulator(profile)))
+    expected = run_from(step, w.model, opt, spec.optimizer, w.batch)
+    runtime = getattr(new.gm, runtime_module.RUNTIME_ATTR)
+    for _ in range(3):
+        got = run_from(new, w.model, opt, spec.optimizer, w.batch)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert runtime.pool.is_pinned() and runtime.streams is not None
+    first = runtime.pool.data_ptr()
+    run_from(new, w.model, opt, spec.optimizer, w.batch)
+    assert runtime.pool.data_ptr() == first
+
+
+@gpu
+def test_cuda_link_is_measured_with_pinned_copies():
+    link = measure_host_link(torch.device("cuda"))
+    assert link.measured and min(link.d2h_gb_s, link.h2d_gb_s, link.duplex_gb_s) > 0
+    assert link.duplex_rate <= min(link.d2h_rate, link.h2d_rate)
