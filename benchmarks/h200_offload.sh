@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# H200 runs for offload and for the bench's loss parity: each part one device call (10 minutes at most).
+# Usage: PYTHONPATH=. benchmarks/h200_offload.sh PART [OUT_DIR]
+#   gpu-tests        the CUDA tests of the offload runtime (side-stream copies, pinned pool, bitwise equality)
+#   parity-resnet152 captured, rewritten and sac rows against eager's losses, ResNet-152 bs64
+#   parity-bert      the same, BERT-base MLM bs16
+#   offload-bert     our plans (offload allowed) at HF GC's and the offload peers' peaks, BERT-base bs16
+#   offload-gpt2     the same, GPT-2 seq 1024 bs16
+# OUT_DIR defaults to results/; parts write OUT_DIR/offload/ and OUT_DIR/parity/.
+set -u
+part=${1:-list}
+out=${2:-results}
+export PYTHONUNBUFFERED=1
+steps="--warmup 3 --iters 8"
+parity_rows="eager,per-block,captured,rewritten@per-block,sac@per-block"
+# HF GC (per-block) and the two offload peers, and our rewritten step at their measured peaks and at 1.15x HF GC's.
+offload_rows="eager,per-block,per-block+offload,offload,rewritten@per-block,rewritten@per-block*1.15,\
+rewritten@per-block+offload"
+
+bench() {  # bench FOLDER NAME BENCH_ARGS...: one bench into /tmp/NAME, its bench.json to OUT_DIR/FOLDER/NAME.json
+  folder=$1
+  name=$2
+  shift 2
+  mkdir -p "$out/$folder"
+  timeout "${PART_TIMEOUT_S:-560}" python3 -m acstudio bench "$@" $steps --out "/tmp/$name"
+  cp "/tmp/$name/bench.json" "$out/$folder/$name.json"
+}
+
+case $part in
+list)
+  sed -n 's/^#   \([a-z0-9-]*\) .*/\1/p' "$0"
+  ;;
+gpu-tests)
+  python3 -m pytest -q -x -p no:cacheprovider tests/test_offload.py tests/test_offload_bench.py
+  ;;
+parity-resnet152)
+  bench parity resnet152_bs64 resnet152 -b 64 --configs "$parity_rows"
+  ;;
+parity-bert)
+  bench parity bert_bs16 bert -b 16 --configs "$parity_rows"
+  ;;
+offload-bert)
+  bench offload bert_bs16 bert -b 16 --configs "$offload_rows"
+  ;;
+offload-gpt2)
+  bench offload gpt2_s1024_bs16 gpt2 --seq-len 1024 -b 16 --configs "$offload_rows"
+  ;;
+*)
+  echo "unknown part $part; the parts:" >&2
+  sed -n 's/^#   \([a-z0-9-]*\) .*/\1/p' "$0" >&2
+  exit 2
+  ;;
+esac
