@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord
-from acstudio.capture.tracer import make_capturable, prepare_optimizer
+from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord, prepare_optimizer
+from acstudio.capture.tracer import make_capturable
 from acstudio.errors import ACStudioError
 from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
 from acstudio.fileio import read_document
@@ -72,7 +72,7 @@ def load_step(directory: str | os.PathLike, model: torch.nn.Module, optimizer: t
     manifest = read_document(directory / "manifest.json", MANIFEST_SCHEMA, MANIFEST_VERSION)
     check_model(manifest, model)
     check_optimizer(manifest, model, optimizer)
-    init_state(model, optimizer)
+    prepare_optimizer(model, optimizer)
     if traced_capturable_on_cuda(manifest):
         make_capturable(optimizer)
     check_state(manifest, model, optimizer)
@@ -175,27 +175,6 @@ def check_hyperparameters(manifest: dict, optimizer: torch.optim.Optimizer, reco
     if problems:
         raise ExportMismatchError(f"the optimizer changed since load_step: {problems[0]}; the exported step bakes "
                                   "its hyperparameters in, so export again for the new settings")
-
-
-def init_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create optimizer state the graph reads, exactly as a fresh optimizer's first ``step()`` would start.
-
-    The state is made by a zero-gradient step, which leaves moments and momentum buffers at zero but counts one
-    step; the counters are set back to zero so that the first real step uses the same bias correction as eager.
-    """
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    filled = [bool(optimizer.state.get(p)) for p in params]
-    if any(filled) and not all(filled):
-        raise ExportMismatchError("the optimizer has state for some parameters only; pass a fresh optimizer or "
-                                  "one that has already stepped all of them")
-    fresh = not any(filled)
-    prepare_optimizer(model, optimizer)
-    if fresh:
-        with torch.no_grad():
-            for p in params:
-                step = optimizer.state[p].get("step")
-                if isinstance(step, torch.Tensor):
-                    step.zero_()
 
 
 def check_state(manifest: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
