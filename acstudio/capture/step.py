@@ -15,6 +15,7 @@ is zero", so the decay term is not in the graph).
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,16 @@ def prepare_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
 def switches(group: dict) -> dict[str, bool]:
     """The boolean settings of a param group that change the update rule (nesterov, amsgrad, maximize, ...)."""
     return {k: v for k, v in group.items() if isinstance(v, bool) and k not in IMPLEMENTATION_FLAGS}
+
+
+def module_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """What a captured graph bakes in from each module besides its tensors: the training flag (dropout draws or not,
+    BatchNorm normalizes with batch or running statistics) and the float settings that become graph constants
+    (dropout ``p``, an attention module's dropout probability and scaling, normalization ``eps`` and ``momentum``).
+    Keyed by module path (``""`` is the root)."""
+    return {name: {"training": m.training} | {k: v for k, v in vars(m).items()
+                                              if isinstance(v, float) and math.isfinite(v) and not k.startswith("_")}
+            for name, m in model.named_modules()}
 
 
 @dataclass

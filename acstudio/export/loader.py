@@ -1,7 +1,8 @@
 """``load_step``: bind an exported step to a live model and optimizer, refusing any that it was not made for.
 
-The exported graph is specialised to what was captured: parameter and buffer shapes and dtypes, the batch's
-structure and shapes, the optimizer's type, param groups and boolean switches, and the device. All of that is
+The exported graph is specialised to what was captured: parameter and buffer shapes and dtypes, which parameters
+are trained, training mode and the module settings it baked in as constants (dropout probabilities, eps), the
+batch's structure and shapes, the optimizer's type, param groups and boolean switches, and the device. All of that is
 checked against ``manifest.json`` before, so a mismatch is a clear error instead of a wrong update.
 
 The optimizer's hyperparameters (lr, betas, eps, momentum, dampening, weight decay) are graph inputs: every call
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord, prepare_optimizer
+from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord, module_settings, prepare_optimizer
 from acstudio.capture.tracer import make_capturable
 from acstudio.errors import ACStudioError
 from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
@@ -55,6 +56,9 @@ class LoadedStep:
                                   grad_params=list(manifest["grad_params"]), optimizer=optimizer_record(manifest))
 
     def __call__(self, batch: Any) -> torch.Tensor:
+        changed = training_problems(self.manifest, self.model)
+        if changed:
+            raise ExportMismatchError(f"the model changed since load_step: {changed[0]}")
         check_hyperparameters(self.manifest, self.optimizer, self._step.optimizer)
         # Tensors the graph creates go to the current device: make that the model's GPU.
         on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -111,6 +115,7 @@ def check_model(manifest: dict, model: torch.nn.Module) -> None:
     buffers = {n: _describe(b) for n, b in model.named_buffers()}
     problems = _differences("parameter", manifest["parameters"], params)
     problems += _differences("buffer", manifest["buffers"], buffers)
+    problems += training_problems(manifest, model) + setting_problems(manifest, model)
     elsewhere = [n for n, p in model.named_parameters() if p.device.type != manifest["device"]]
     if elsewhere:
         problems.append(f"parameter {elsewhere[0]} is not on {manifest['device']}, where the step was captured")
@@ -118,6 +123,41 @@ def check_model(manifest: dict, model: torch.nn.Module) -> None:
     if len(devices) > 1:
         problems.append(f"the model is spread over {', '.join(sorted(map(str, devices)))}; the step runs on one device")
     _refuse(problems, "model")
+
+
+def training_problems(manifest: dict, model: torch.nn.Module) -> list[str]:
+    """What the graph cannot follow that a training loop changes between steps: which parameters are trained (the
+    graph computes a gradient for, and updates, exactly those it was captured with) and the training flag (it runs
+    the ops of training mode). Checked at ``load_step`` and at every call."""
+    trained = set(manifest["grad_params"])
+    out = []
+    for name, p in model.named_parameters():
+        if name in trained and not p.requires_grad:
+            out.append(f"parameter {name} is frozen (requires_grad=False), but the step trains it (it would "
+                       "update it and give it a .grad) — export the step from a profile of the model with the same "
+                       "parameters frozen")
+        elif p.requires_grad and name not in trained and name in manifest["parameters"]:
+            out.append(f"parameter {name} requires grad, but the step was exported with it frozen — set "
+                       f"requires_grad=False on it, or export from a profile that trains it")
+    out += [f"module {name or '(the root module)'} is in eval mode, but the step was exported in training mode "
+            "(dropout, BatchNorm's batch statistics) — call model.train() before the step, and evaluate with the "
+            "model itself" for name, m in model.named_modules() if not m.training][:1]
+    return out
+
+
+def setting_problems(manifest: dict, model: torch.nn.Module) -> list[str]:
+    """Module settings the graph baked in as constants (dropout probabilities, eps, ...) that the model has
+    changed; exports made before they were recorded are not checked."""
+    recorded = manifest.get("modules")
+    if not recorded:
+        return []
+    out = []
+    for name, now in module_settings(model).items():
+        then = recorded.get(name, {})
+        out += [f"module {name or '(the root module)'} has {k}={v!r}, the step was exported with {k}={then[k]!r} "
+                f"(baked into the graph) — build the model with {k}={then[k]!r}, or profile and export it with "
+                f"{k}={v!r}" for k, v in now.items() if k != "training" and k in then and then[k] != v]
+    return out
 
 
 def optimizer_record(manifest: dict) -> OptimizerRecord | None:
