@@ -183,3 +183,25 @@ def apply_plan_error(layers, profile, plan) -> str:
     with pytest.raises(ModelMismatchError) as info:
         apply_plan(model, (profile, plan))
     return one_line(info)
+
+
+def sgd_with_dampening(batch_size):
+    return make(batch_size, lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, dampening=0.5))
+
+
+def test_sgd_dampening_is_refused_for_a_fresh_optimizer_and_followed_after_its_first_step(tmp_root):
+    """torch.optim's SGD dampens from its second step on; the graph, traced with momentum buffers in place, always
+    dampens."""
+    spec, out = exported("sgd_with_dampening", tmp_root)
+    ours, ref = build_workload(spec), build_workload(spec)
+    opt, ref_opt = ours.make_optimizer(), ref.make_optimizer()
+    with pytest.raises(ExportMismatchError) as info:
+        acstudio.load_step(out, ours.model, opt)
+    assert "param group 0 has momentum with dampening=0.5, which torch.optim's SGD skips on its first step" in \
+        one_line(info)
+    for w, o in ((ours, opt), (ref, ref_opt)):
+        eager_step(w.model, o, w.batch, w.loss_fn)
+    step = acstudio.load_step(out, ours.model, opt)
+    for _ in range(2):
+        assert torch.equal(step(ours.batch), eager_step(ref.model, ref_opt, ref.batch, ref.loss_fn))
+        assert all(torch.equal(p, q) for p, q in zip(ours.model.parameters(), ref.model.parameters()))

@@ -76,6 +76,7 @@ def load_step(directory: str | os.PathLike, model: torch.nn.Module, optimizer: t
     manifest = read_document(directory / "manifest.json", MANIFEST_SCHEMA, MANIFEST_VERSION)
     check_model(manifest, model)
     check_optimizer(manifest, model, optimizer)
+    _refuse(first_step_problems(optimizer), "optimizer")
     prepare_optimizer(model, optimizer)
     if traced_capturable_on_cuda(manifest):
         make_capturable(optimizer)
@@ -201,6 +202,17 @@ def check_optimizer(manifest: dict, model: torch.nn.Module, optimizer: torch.opt
     problems = [f"the optimizer does not update parameter {n}" for n, p in model.named_parameters()
                 if id(p) not in held]
     _refuse(problems + _baked_in_problems(manifest, optimizer), "optimizer")
+
+
+def first_step_problems(optimizer: torch.optim.Optimizer) -> list[str]:
+    """What a fresh optimizer's first ``step()`` does that the graph, traced with the optimizer's state in place,
+    cannot: torch.optim's SGD starts each momentum buffer at the first gradient and dampens from the second step on."""
+    if not isinstance(optimizer, torch.optim.SGD) or any(optimizer.state.get(p) for g in optimizer.param_groups
+                                                         for p in g["params"]):
+        return []
+    return [f"param group {g} has momentum with dampening={group['dampening']!r}, which torch.optim's SGD skips on "
+            "its first step and the exported step cannot — take one eager optimizer step before load_step, or use "
+            "dampening=0" for g, group in enumerate(optimizer.param_groups) if group["momentum"] and group["dampening"]]
 
 
 def check_hyperparameters(manifest: dict, optimizer: torch.optim.Optimizer, record: OptimizerRecord | None) -> None:
