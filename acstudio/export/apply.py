@@ -221,7 +221,7 @@ def check_containers(policy: SacPolicy, modules: dict[str, torch.nn.Module]) -> 
     """Refuse a model with more or fewer blocks beside the plan's than the profiled one (a 3-layer model for a
     plan of a 2-layer one), which the plan's own blocks alone would not reveal."""
     for parent, profiled in policy.containers.items():
-        live = [name for name, _ in modules[parent].named_children()] if parent in modules else []
+        live = [name for name, _ in modules[parent].named_children() if name.isdigit()] if parent in modules else []
         if set(live) != set(profiled):
             raise ModelMismatchError(
                 f"the model has {len(live)} blocks in {parent or 'the root module'} ({_names(live)}), the plan was "

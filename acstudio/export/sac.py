@@ -37,9 +37,9 @@ class OpDecision:
 class SacPolicy:
     """Per wrapped block, its forward's ops in order with their decisions.
 
-    ``containers`` holds, for the module around each wrapped block (``transformer.h``), the names of its children
-    that ran in the profiled model (``0``, ``1``): a model with more or fewer blocks there is another model, even
-    where every wrapped block exists (empty in policies written before it was recorded).
+    ``containers`` holds, for the module around each numbered block (``transformer.h``), the numbers of its
+    children that ran in the profiled model (``0``, ``1``): a model with more or fewer blocks there is another
+    model, even where every wrapped block exists (empty in policies written before it was recorded).
     """
 
     profile_fingerprint: str
@@ -82,12 +82,15 @@ class SacPolicy:
 
 
 def containers(profile: Profile, blocks) -> dict[str, list[str]]:
-    """For the parent module of every block, the names of its children that ran ops in the profiled model."""
-    parents = {b.rpartition(".")[0] for b in blocks if "." in b}
+    """For the parent module of every numbered block (``transformer.h`` of ``transformer.h.3``), the numbers of its
+    children that ran ops in the profiled model."""
+    parents = {parent for parent, _, index in (b.rpartition(".") for b in blocks) if parent and index.isdigit()}
     ran = {r.module for r in profile.nodes if r.module}
-    return {parent: sorted({m[len(parent) + 1:].partition(".")[0] for m in ran if m.startswith(parent + ".")},
-                           key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c))
-            for parent in sorted(parents)}
+    out = {}
+    for parent in sorted(parents):
+        children = {m[len(parent) + 1:].partition(".")[0] for m in ran if m.startswith(parent + ".")}
+        out[parent] = sorted((c for c in children if c.isdigit()), key=int)
+    return out
 
 
 def _decision(d: OpDecision) -> str:
