@@ -183,6 +183,10 @@ def test_run_bench_tiny_bert_on_cpu(bert_bench):
     # the captured graph keeps the activations eager keeps
     assert rows["captured"]["peak_bytes"] == pytest.approx(rows["eager"]["peak_bytes"], rel=0.05)
     assert seen[-1][0] == seen[-1][1] == len(rows)
+    # every row trains what eager trains: the same losses, bit for bit, dropout included
+    checks = {c["config"]: c for c in json.loads((out / "bench.json").read_text())["loss_checks"]}
+    assert set(checks) == set(rows) - {"eager"}
+    assert all(c["passed"] and c["rule"] == "bitwise" and c["steps"] == 5 for c in checks.values()), checks
 
     loaded = BenchResults.load(out / "bench.json")
     assert loaded.rows == json.loads(json.dumps(results.rows))

@@ -13,7 +13,7 @@ from test_capture import eager_step
 from test_rewrite import captured, pick
 
 import acstudio
-from acstudio.capture.tracer import prepare_optimizer
+from acstudio.capture.step import prepare_optimizer
 from acstudio.export import ExportError, ExportMismatchError, export, step_module
 from acstudio.plan import plan as make_plan
 from acstudio.rewrite import rewrite_step

@@ -14,17 +14,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import acstudio
 from acstudio.capture import capture_step
 from acstudio.capture.serialize import deserialize_step, serialize_step
-from acstudio.capture.step import group_value, hyper_key
-from acstudio.capture.tracer import (
-    SymbolicHyperparameters,
-    _optimizer_on,
-    hyperparameter_slots,
-    prepare_optimizer,
-)
+from acstudio.capture.step import group_value, hyper_key, prepare_optimizer
+from acstudio.capture.tracer import SymbolicHyperparameters, _optimizer_on, hyperparameter_slots
 from acstudio.cli import build_parser
 from acstudio.errors import ACStudioError
 from acstudio.export import ExportMismatchError, export
-from acstudio.export.loader import init_state
 from acstudio.profile.model import Profile
 from acstudio.workload import WorkloadSpec, build_workload
 
@@ -133,7 +127,7 @@ def test_the_multi_tensor_update_cuda_runs_is_bitwise_the_eager_one_at_every_set
     opt, ref_opt = w.make_optimizer(), ref.make_optimizer()
     for group, ref_group in zip(opt.param_groups, ref_opt.param_groups):
         group["foreach"] = ref_group["foreach"] = True
-    init_state(w.model, opt)  # the state of a fresh optimizer, as ref_opt's first step makes it
+    prepare_optimizer(w.model, opt)  # the state of a fresh optimizer, as ref_opt's first step makes it
     step = capture_step(w.model, opt, w.batch, w.loss_fn)
     assert [g["capturable"] for g in step.optimizer.groups] == [False]
     assert not any("_foreach_pow" in str(n.target) for n in step.gm.graph.nodes)
@@ -152,8 +146,8 @@ def test_the_update_traced_with_cuda_parameters_follows_lr_and_betas_bitwise(kin
     opt = getattr(torch.optim, kind)(params, lr=CAPTURED_LR, foreach=True, weight_decay=0.05)
     ref = [nn.Parameter(p.detach().clone()) for p in params]
     ref_opt = getattr(torch.optim, kind)(ref, lr=CAPTURED_LR, foreach=True, weight_decay=0.05)
-    init_state(nn.ParameterList(params), opt)
-    init_state(nn.ParameterList(ref), ref_opt)
+    prepare_optimizer(nn.ParameterList(params), opt)
+    prepare_optimizer(nn.ParameterList(ref), ref_opt)
     state = [opt.state[p][k] for p in params for k in ("step", "exp_avg", "exp_avg_sq")]
     slots = hyperparameter_slots(opt)
     traced = SymbolicHyperparameters()
@@ -308,3 +302,26 @@ def test_a_profile_with_constant_hyperparameters_still_plans_exports_and_refuses
     step.optimizer.param_groups[0]["lr"] = 0.5
     with pytest.raises(ExportMismatchError, match="bakes its hyperparameters in"):
         step(w.batch)
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_step_captured_from_a_fresh_optimizer_trains_like_it_from_the_first_step(optimizer):
+    """Capturing prepares the optimizer the one way every feeder of a graph does: its state is a fresh optimizer's
+    (Adam's step counters back at zero, so the first update's bias correction is eager's), and a frozen parameter
+    gets none."""
+    spec = WorkloadSpec(FACTORY, batch_size=4, optimizer=optimizer)
+    w, ref = build_workload(spec), build_workload(spec)
+    for model in (w.model, ref.model):
+        model[3].weight.requires_grad_(False)
+    opt, ref_opt = w.make_optimizer(), ref.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn)
+    assert all(not torch.is_tensor(s.get("step")) or s["step"].item() == 0 for s in opt.state.values())
+    ours_fqn = {id(p): n for n, p in w.model.named_parameters()}
+    ref_fqn = {id(p): n for n, p in ref.model.named_parameters()}
+    assert "3.weight" not in {ours_fqn[id(p)] for p in opt.state}
+    for _ in range(3):
+        assert torch.equal(step.run(w.model, opt, w.batch), eager_step(ref.model, ref_opt, ref.batch, ref.loss_fn))
+        for (name, p), q in zip(w.model.named_parameters(), ref.model.parameters()):
+            assert torch.equal(p, q), name
+            assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), name
+        assert {ours_fqn[id(p)] for p in opt.state} == {ref_fqn[id(p)] for p in ref_opt.state}

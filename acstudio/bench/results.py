@@ -1,8 +1,10 @@
 """Benchmark results: the measured rows, the max-batch searches, comparisons, and their JSON/CSV files.
 
 Raw worker rows are what the JSON stores; every derived number (overhead against the configuration's own
-baseline, memory saving against eager) is recomputed from them by :func:`compare`, so a results file can be
-re-analysed or re-plotted without re-running anything.
+baseline, memory saving against eager, loss parity against eager) is recomputed from them by :func:`compare`, so a
+results file can be re-analysed or re-plotted without re-running anything. A row trains what its reference trains
+when its per-step losses are the reference's: bitwise for uncompiled single-process rows on the CPU, else within
+:data:`PARITY_TOLERANCE`; the table, the CSV and ``bench.json``'s ``loss_checks`` mark a row that diverges.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ CSV_COLUMNS = ("model", "batch_size", "config", "kind", "arg", "baseline", "para
                "status", "message", "peak_bytes", "rank_peak_bytes", "peak_mib", "resident_bytes", "time_ms_median",
                "time_ms_q1", "time_ms_q3", "time_ms_iqr", "overhead_pct", "time_vs_eager_pct", "memory_saving_pct",
                "budget_mib", "predicted_peak_mib", "peak_error_pct", "fits_budget", "overhead_ms",
-               "predicted_overhead_ms", "loss", "warmup", "iters",
+               "predicted_overhead_ms", "loss", "loss_parity", "loss_max_rel_diff", "warmup", "iters",
                "setup_s", "wall_s", "gpu", "torch", "cuda", "command")
 
 
@@ -69,11 +71,69 @@ def plain_compile(row: dict[str, Any]) -> str:
     return f"{row['parallel']}+compile" if row.get("parallel") else "compile"
 
 
+# Loss parity against the reference row (eager, or the plain fsdp/ddp row of a parallel one) at the same batch size:
+# relative bounds on the first step's loss and on every later one. Every row starts from the same seeded weights
+# and draws the same random stream, so the first loss differs only by kernel rounding: another algorithm, atomics or
+# compiled fusions move an fp32 loss by far less than 1e-3 of itself, bf16 autocast's coarser rounding by less than
+# 1e-2. Later losses also carry the updates that rounding made, which Adam amplifies, so they get a looser bound,
+# still below what training something else does (an optimizer state that is not a fresh optimizer's moves the second
+# loss by percents). On the CPU, uncompiled rows of one process run the same deterministic kernels as eager: bitwise.
+PARITY_TOLERANCE = {"fp32": (1e-3, 1e-2), "bf16": (1e-2, 5e-2)}  # (first step, later steps), relative
+
+
+def parity_reference(row: dict[str, Any]) -> str | None:
+    """The configuration whose losses ``row`` must reproduce (None for the reference itself)."""
+    reference = row.get("parallel") or "eager"
+    return None if row["config"] == reference else reference
+
+
+def parity_rule(row: dict[str, Any]) -> tuple[float, float] | None:
+    """``None`` where the row must match bitwise, else its (first step, later steps) relative tolerance."""
+    compiled = BenchConfig.parse(row["config"]).spec.compiled
+    if row.get("device", "").startswith("cpu") and not compiled and not row.get("parallel"):
+        return None
+    return PARITY_TOLERANCE[(row.get("spec") or {}).get("precision", "fp32")]
+
+
+def describe_rule(rule: tuple[float, float] | None) -> str:
+    return "bitwise" if rule is None else f"relative {rule[0]:g} on the first step, {rule[1]:g} later"
+
+
+def loss_parity(row: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """Whether ``row``'s per-step losses are ``reference``'s, step by step over the steps both ran (a compiled row
+    warms up longer), under :func:`parity_rule`."""
+    mine, theirs = row.get("losses") or [], reference.get("losses") or []
+    steps = min(len(mine), len(theirs))
+    rule = parity_rule(row)
+    worst, diverged = 0.0, None
+    for k in range(steps):
+        a, b = float(mine[k]), float(theirs[k])
+        rel = 0.0 if a == b else abs(a - b) / max(abs(b), 1e-12)
+        worst = max(worst, rel)
+        bound = 0.0 if rule is None else rule[k > 0]
+        if diverged is None and (a != b if rule is None else not rel <= bound):
+            diverged = {"step": k, "loss": a, "reference_loss": b}
+    return {"reference": reference["config"], "steps": steps, "rule": describe_rule(rule),
+            "passed": steps > 0 and diverged is None, "max_rel_diff": worst, "first_divergence": diverged}
+
+
+def parity_text(check: dict[str, Any] | None) -> str:
+    """``bitwise``, ``ok (rel 2e-05)`` or ``DIVERGES at step 2: 6.078 vs 5.793``; empty without a reference."""
+    if not check:
+        return ""
+    if check["passed"]:
+        return "bitwise" if check["max_rel_diff"] == 0.0 else f"ok (rel {check['max_rel_diff']:.1g})"
+    if not check["steps"]:
+        return "no losses to compare"
+    d = check["first_divergence"]
+    return f"DIVERGES at step {d['step'] + 1}: {d['loss']:.6g} vs {d['reference_loss']:.6g}"
+
+
 def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with ``overhead_pct`` (time against the configuration's own baseline at the same batch size),
     ``time_vs_eager_pct`` and ``memory_saving_pct`` (peak below eager's, in percent) added, and for rewritten
-    steps the plan's budget and predicted peak beside the measured one; ``None`` where the row or its
-    reference did not run successfully."""
+    steps the plan's budget and predicted peak beside the measured one, and ``loss_check`` (:func:`loss_parity`
+    against :func:`parity_reference`); ``None`` where the row or its reference did not run successfully."""
     ok = {(r["batch_size"], r["config"]): r for r in rows if r.get("status") == "ok"}
     out = []
     for r in rows:
@@ -100,6 +160,10 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         plain = ok.get((r["batch_size"], plain_compile(r)))
         r["predicted_overhead_ms"] = compiled_ms
         r["overhead_ms"] = mine - plain["time_ms_median"] if compiled_ms is not None and plain and mine else None
+        reference = ok.get((r["batch_size"], parity_reference(r))) if r.get("status") == "ok" else None
+        r["loss_check"] = loss_parity(r, reference) if reference else None
+        r["loss_parity"] = parity_text(r["loss_check"]) or None
+        r["loss_max_rel_diff"] = r["loss_check"]["max_rel_diff"] if reference else None
         out.append(r)
     return out
 
@@ -141,8 +205,14 @@ class BenchResults:
 
         return pd.DataFrame([{k: v for k, v in f.items() if k != "probes"} for f in self.fits])
 
+    def loss_checks(self) -> list[dict[str, Any]]:
+        """Every compared row's loss parity (:func:`loss_parity`), for readers of ``bench.json``."""
+        return [{"config": r["config"], "batch_size": r["batch_size"], "phase": r.get("phase"), **r["loss_check"]}
+                for r in self.compared() if r.get("loss_check")]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"meta": self.meta, "rows": self.rows, "fits": self.fits}
+        """The raw rows (what :meth:`load` reads back) and, derived from them, each row's loss parity."""
+        return {"meta": self.meta, "rows": self.rows, "fits": self.fits, "loss_checks": self.loss_checks()}
 
     def save(self, out_dir: str | os.PathLike) -> tuple[Path, Path]:
         """Write ``bench.json`` (everything, re-loadable), ``bench.csv`` (flat table) and ``summary.md``."""
@@ -162,11 +232,12 @@ class BenchResults:
 
     def summary(self) -> str:
         """A Markdown table of the results (and the max-batch searches), for a terminal or a report."""
-        lines = ["| batch | configuration | status | peak MiB | step ms (IQR) | overhead | vs eager mem | budget |",
-                 "|---|---|---|---|---|---|---|---|"]
-        for r in sorted(self.compared(), key=lambda r: (r["batch_size"], r.get("phase") != "sweep")):
+        lines = ["| batch | configuration | status | peak MiB | step ms (IQR) | overhead | vs eager mem | budget "
+                 "| losses |", "|---|---|---|---|---|---|---|---|---|"]
+        compared = self.compared()
+        for r in sorted(compared, key=lambda r: (r["batch_size"], r.get("phase") != "sweep")):
             if r["status"] != "ok":
-                lines.append(f"| {r['batch_size']} | {r['config']} | {r['status']}: {r['message'][:60]} | | | | | |")
+                lines.append(f"| {r['batch_size']} | {r['config']} | {r['status']}: {r['message'][:60]} | | | | | | |")
                 continue
             peak = f"{r['peak_mib']:.1f}" if r["peak_mib"] is not None else "n/a"
             over = f"{r['overhead_pct']:+.1f}% vs {r['baseline']}" if r["overhead_pct"] is not None else ""
@@ -179,7 +250,12 @@ class BenchResults:
                 plan += (f"; {r['overhead_ms']:+.1f} ms vs {plain_compile(r)}, "
                          f"predicted {r['predicted_overhead_ms']:+.1f}")
             lines.append(f"| {r['batch_size']} | {r['config']} | ok | {peak} | {r['time_ms_median']:.1f} "
-                         f"({r['time_ms_iqr']:.1f}) | {over} | {mem} | {plan} |")
+                         f"({r['time_ms_iqr']:.1f}) | {over} | {mem} | {plan} | {r['loss_parity'] or ''} |")
+        rules = sorted({(r["loss_check"]["reference"], r["loss_check"]["rule"]) for r in compared
+                        if r.get("loss_check")})
+        if rules:
+            lines.append("\nlosses: every step's loss against " + "; ".join(f"{ref}'s, {rule}" for ref, rule in rules)
+                         + " (DIVERGES: the row does not train like its reference)")
         for f in self.fits:
             capped = f" (search limit {f['limit']})" if f["capped"] else ""
             lines.append(f"\nlargest batch within {f['budget']}: {f['config']} {f['max_batch']}{capped}")

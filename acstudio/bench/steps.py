@@ -233,7 +233,7 @@ def prepare_rewritten(req: Request) -> Prepared:
     its node ids are the ones the plan refers to.
     """
     from acstudio.capture.serialize import deserialize_step
-    from acstudio.capture.tracer import prepare_optimizer
+    from acstudio.capture.step import prepare_optimizer
     from acstudio.plan.solvers import plan as plan_budget
     from acstudio.rewrite.rewriter import rewrite
     from acstudio.units import parse_budget
@@ -244,8 +244,7 @@ def prepare_rewritten(req: Request) -> Prepared:
     plan = plan_budget(profile, with_headroom(budget_bytes))
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
-    # The optimizer as capture_step left it when the graph was traced: state created, CUDA Adam capturable.
-    prepare_optimizer(w.model, opt)
+    prepare_optimizer(w.model, opt)  # the state a fresh optimizer starts from, as the graph reads it
     info = {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
             "profile_iteration_ms": profile.iteration_ms, "graph_nodes": len(step.gm.graph.nodes),
             "plan": scalar_fields(plan), "recomputed_activations": len(getattr(plan, "recomputed", ()))}

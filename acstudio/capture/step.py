@@ -15,6 +15,7 @@ is zero", so the decay term is not in the graph).
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,9 +61,56 @@ def set_group_value(group: dict, name: str, value: Any) -> None:
         group[name] = value
 
 
+def prepare_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Give a live optimizer the state a captured graph reads, equal to what a fresh optimizer starts from.
+
+    The one way to get an optimizer ready for a captured, rewritten or exported graph (:func:`capture_step`,
+    :func:`acstudio.load_step`, ``acstudio verify`` and the bench all call it). The graph takes the optimizer's
+    state as inputs, and torch.optim makes that state lazily in its first ``step()``. A zero-gradient step makes
+    it with the optimizer's own code (moments and momentum buffers zero, parameters restored afterwards because
+    decoupled weight decay would still move them); the step counters it advanced are set back to zero, so the
+    graph's first update uses the bias correction of a fresh optimizer's first ``step()``. Frozen parameters
+    (``requires_grad=False``) get no state, as eagerly. An optimizer that has already stepped is left as it is.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    filled = [bool(optimizer.state.get(p)) for p in params]
+    if all(filled):
+        return
+    if any(filled):
+        raise ACStudioError("the optimizer has state for some parameters only; pass a fresh optimizer or one that "
+                            "has already stepped all of its trainable parameters")
+    every = [p for g in optimizer.param_groups for p in g["params"]]
+    saved = [p.detach().clone() for p in params]
+    old_grads = [p.grad for p in every]
+    for p in every:
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
+    try:
+        optimizer.step()
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+            for p, g in zip(every, old_grads):
+                p.grad = g
+            for p in params:
+                step = optimizer.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor):
+                    step.zero_()
+
+
 def switches(group: dict) -> dict[str, bool]:
     """The boolean settings of a param group that change the update rule (nesterov, amsgrad, maximize, ...)."""
     return {k: v for k, v in group.items() if isinstance(v, bool) and k not in IMPLEMENTATION_FLAGS}
+
+
+def module_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """What a captured graph bakes in from each module besides its tensors: the training flag (dropout draws or not,
+    BatchNorm normalizes with batch or running statistics) and the float settings that become graph constants
+    (dropout ``p``, an attention module's dropout probability and scaling, normalization ``eps`` and ``momentum``).
+    Keyed by module path (``""`` is the root)."""
+    return {name: {"training": m.training} | {k: v for k, v in vars(m).items()
+                                              if isinstance(v, float) and math.isfinite(v) and not k.startswith("_")}
+            for name, m in model.named_modules()}
 
 
 @dataclass

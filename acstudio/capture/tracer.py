@@ -49,32 +49,12 @@ from acstudio.capture.step import (
     OptimizerRecord,
     group_value,
     hyper_key,
+    prepare_optimizer,
     set_group_value,
     switches,
 )
 from acstudio.errors import CaptureError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
-
-
-def materialize_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create the optimizer's lazily-made state with one zero-gradient step, leaving parameters unchanged.
-
-    The captured step needs its state (momentum buffers, Adam moments, step counters) as graph inputs. A
-    zero-gradient step creates them with the optimizer's own code; parameters are restored afterwards because
-    decoupled weight decay would still move them.
-    """
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    if all(optimizer.state.get(p) for p in params):
-        return
-    saved = [p.detach().clone() for p in params]
-    old_grads = [p.grad for p in params]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    with torch.no_grad():
-        for p, s, g in zip(params, saved, old_grads):
-            p.copy_(s)
-            p.grad = g
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:
@@ -91,15 +71,6 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> None:
             step = optimizer.state.get(p, {}).get("step")
             if isinstance(step, torch.Tensor) and step.device != p.device:
                 optimizer.state[p]["step"] = step.to(p.device)
-
-
-def prepare_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Give a live optimizer the state a captured graph reads (created by its own code, as eagerly).
-
-    :func:`capture_step` does this before tracing; anything that feeds a captured (or rewritten, or exported)
-    graph from another optimizer instance must do the same.
-    """
-    materialize_optimizer_state(model, optimizer)
 
 
 def resolve_foreach(optimizer: torch.optim.Optimizer) -> None:
@@ -278,7 +249,7 @@ def capture_step(
     slots: list[InputSlot] = [InputSlot("param", n) for n in params]
     slots += [InputSlot("buffer", n) for n in buffers]
     for p in group_params:
-        for name, value in optimizer.state[p].items():
+        for name, value in optimizer.state.get(p, {}).items():
             if isinstance(value, torch.Tensor):
                 slots.append(InputSlot("opt_state", f"{fqn_of[id(p)]}/{name}"))
     batch_leaves, batch_spec = pytree.tree_flatten(batch)
@@ -305,7 +276,7 @@ def capture_step(
                 fqn, _, key = slot.key.rpartition("/")
                 state[p_t[fqn]][key] = t
         for p in group_params:  # non-tensor state (rare) is carried as is
-            for key, value in optimizer.state[p].items():
+            for key, value in optimizer.state.get(p, {}).items():
                 if not isinstance(value, torch.Tensor):
                     state[p_t[fqn_of[id(p)]]][key] = value
         traced_batch = pytree.tree_unflatten(flat[len(flat) - len(batch_leaves):], batch_spec)
@@ -331,7 +302,7 @@ def capture_step(
 
     flat = [params[n].detach() for n in params] + [buffers[n] for n in buffers]
     for p in group_params:
-        flat += [v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
+        flat += [v for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
     flat += batch_leaves
     symbolic = SymbolicHyperparameters()
     flat = [symbolic.fake(t) if isinstance(t, torch.Tensor) else t for t in flat]

@@ -180,12 +180,16 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> No
     policies: list[BlockPolicy] = []
     plain = not any(d.save and not d.updates_state for d in ops if d.op not in _FLOATING)
     checked = False
+    submodules = list(module.named_modules())
 
     def context_fn():  # a plain function: torch.compile keeps it as a constant and calls it when tracing
         return _contexts(block, module, ops, policies)
 
     def forward(*args, **kwargs):
         nonlocal checked
+        if not torch.is_grad_enabled():  # nothing is saved for backward: nothing to checkpoint (evaluation)
+            return inner(*args, **kwargs)
+        check_training(block, submodules)
         if plain and _under_compile():  # the partitioner recomputes the block, as compile+per-block's does
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)
         if plain and checked:
@@ -200,6 +204,32 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> No
 
     setattr(module, _INNER, inner)
     module.forward = forward
+
+
+def check_training(block: str, submodules: list[tuple[str, torch.nn.Module]]) -> None:
+    """Refuse to train a block with a module in eval mode: the plan decides over the ops of training mode (dropout
+    draws, BatchNorm's batch statistics), which eval mode does not run."""
+    for name, m in submodules:
+        if not m.training:
+            where = f"{block}.{name}" if name else block
+            raise ModelMismatchError(f"module {where} is in eval mode, but the plan was profiled in training mode "
+                                     "— call model.train() before training (under torch.no_grad() an evaluation "
+                                     "runs the model unchanged)")
+
+
+def check_containers(policy: SacPolicy, modules: dict[str, torch.nn.Module]) -> None:
+    """Refuse a model with more or fewer blocks beside the plan's than the profiled one (a 3-layer model for a
+    plan of a 2-layer one), which the plan's own blocks alone would not reveal."""
+    for parent, profiled in policy.containers.items():
+        live = [name for name, _ in modules[parent].named_children() if name.isdigit()] if parent in modules else []
+        if set(live) != set(profiled):
+            raise ModelMismatchError(
+                f"the model has {len(live)} blocks in {parent or 'the root module'} ({_names(live)}), the plan was "
+                f"made for {len(profiled)} ({_names(profiled)}) — profile and plan this model again")
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:2])}, ..., {names[-1]}"
 
 
 def load_policy(plan) -> SacPolicy:
@@ -221,8 +251,12 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
 
     ``plan`` is a folder written by ``acstudio export ... --format sac`` or a ``(Profile, Plan)`` pair. Blocks
     are module paths recorded in the profile (``layer1.0``, ``transformer.h.3``); a block whose activations the
-    plan all keeps is left as it is. Call it before ``torch.compile``, ``fully_shard`` or DDP. The first forward
-    raises :class:`ModelMismatchError` if the model runs other ops than the profiled one.
+    plan all keeps is left as it is. Call it before ``torch.compile``, ``fully_shard`` or DDP. A model with other
+    blocks than the profiled one is refused here; the first forward raises :class:`ModelMismatchError` if the model
+    runs other ops than the profiled one, and a training forward with a module of a wrapped block in eval mode
+    is refused. What the eager model decides for itself is followed exactly: its dropout probabilities (a block's
+    random ops are saved or replayed with the random state they drew from), frozen parameters (no gradient, no
+    update) and evaluation under ``torch.no_grad()`` (the blocks run unwrapped).
     """
     policy = load_policy(plan)
     if getattr(getattr(model, "config", None), "use_cache", False):
@@ -233,6 +267,7 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
         if block not in modules:
             raise ModelMismatchError(f"the model has no module {block!r}, a block of the plan "
                                      "— profile and plan this model again")
+    check_containers(policy, modules)
     for block, ops in policy.blocks.items():
         wrap_block(modules[block], block, ops)
     return model

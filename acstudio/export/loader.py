@@ -1,7 +1,8 @@
 """``load_step``: bind an exported step to a live model and optimizer, refusing any that it was not made for.
 
-The exported graph is specialised to what was captured: parameter and buffer shapes and dtypes, the batch's
-structure and shapes, the optimizer's type, param groups and boolean switches, and the device. All of that is
+The exported graph is specialised to what was captured: parameter and buffer shapes and dtypes, which parameters
+are trained, training mode and the module settings it baked in as constants (dropout probabilities, eps), the
+batch's structure and shapes, the optimizer's type, param groups and boolean switches, and the device. All of that is
 checked against ``manifest.json`` before, so a mismatch is a clear error instead of a wrong update.
 
 The optimizer's hyperparameters (lr, betas, eps, momentum, dampening, weight decay) are graph inputs: every call
@@ -23,8 +24,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord
-from acstudio.capture.tracer import make_capturable, prepare_optimizer
+from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord, module_settings, prepare_optimizer
+from acstudio.capture.tracer import make_capturable
 from acstudio.errors import ACStudioError
 from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
 from acstudio.fileio import read_document
@@ -55,6 +56,9 @@ class LoadedStep:
                                   grad_params=list(manifest["grad_params"]), optimizer=optimizer_record(manifest))
 
     def __call__(self, batch: Any) -> torch.Tensor:
+        changed = training_problems(self.manifest, self.model)
+        if changed:
+            raise ExportMismatchError(f"the model changed since load_step: {changed[0]}")
         check_hyperparameters(self.manifest, self.optimizer, self._step.optimizer)
         # Tensors the graph creates go to the current device: make that the model's GPU.
         on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -72,7 +76,8 @@ def load_step(directory: str | os.PathLike, model: torch.nn.Module, optimizer: t
     manifest = read_document(directory / "manifest.json", MANIFEST_SCHEMA, MANIFEST_VERSION)
     check_model(manifest, model)
     check_optimizer(manifest, model, optimizer)
-    init_state(model, optimizer)
+    _refuse(first_step_problems(optimizer), "optimizer")
+    prepare_optimizer(model, optimizer)
     if traced_capturable_on_cuda(manifest):
         make_capturable(optimizer)
     check_state(manifest, model, optimizer)
@@ -111,6 +116,7 @@ def check_model(manifest: dict, model: torch.nn.Module) -> None:
     buffers = {n: _describe(b) for n, b in model.named_buffers()}
     problems = _differences("parameter", manifest["parameters"], params)
     problems += _differences("buffer", manifest["buffers"], buffers)
+    problems += training_problems(manifest, model) + setting_problems(manifest, model)
     elsewhere = [n for n, p in model.named_parameters() if p.device.type != manifest["device"]]
     if elsewhere:
         problems.append(f"parameter {elsewhere[0]} is not on {manifest['device']}, where the step was captured")
@@ -118,6 +124,41 @@ def check_model(manifest: dict, model: torch.nn.Module) -> None:
     if len(devices) > 1:
         problems.append(f"the model is spread over {', '.join(sorted(map(str, devices)))}; the step runs on one device")
     _refuse(problems, "model")
+
+
+def training_problems(manifest: dict, model: torch.nn.Module) -> list[str]:
+    """What the graph cannot follow that a training loop changes between steps: which parameters are trained (the
+    graph computes a gradient for, and updates, exactly those it was captured with) and the training flag (it runs
+    the ops of training mode). Checked at ``load_step`` and at every call."""
+    trained = set(manifest["grad_params"])
+    out = []
+    for name, p in model.named_parameters():
+        if name in trained and not p.requires_grad:
+            out.append(f"parameter {name} is frozen (requires_grad=False), but the step trains it (it would "
+                       "update it and give it a .grad) — export the step from a profile of the model with the same "
+                       "parameters frozen")
+        elif p.requires_grad and name not in trained and name in manifest["parameters"]:
+            out.append(f"parameter {name} requires grad, but the step was exported with it frozen — set "
+                       f"requires_grad=False on it, or export from a profile that trains it")
+    out += [f"module {name or '(the root module)'} is in eval mode, but the step was exported in training mode "
+            "(dropout, BatchNorm's batch statistics) — call model.train() before the step, and evaluate with the "
+            "model itself" for name, m in model.named_modules() if not m.training][:1]
+    return out
+
+
+def setting_problems(manifest: dict, model: torch.nn.Module) -> list[str]:
+    """Module settings the graph baked in as constants (dropout probabilities, eps, ...) that the model has
+    changed; exports made before they were recorded are not checked."""
+    recorded = manifest.get("modules")
+    if not recorded:
+        return []
+    out = []
+    for name, now in module_settings(model).items():
+        then = recorded.get(name, {})
+        out += [f"module {name or '(the root module)'} has {k}={v!r}, the step was exported with {k}={then[k]!r} "
+                f"(baked into the graph) — build the model with {k}={then[k]!r}, or profile and export it with "
+                f"{k}={v!r}" for k, v in now.items() if k != "training" and k in then and then[k] != v]
+    return out
 
 
 def optimizer_record(manifest: dict) -> OptimizerRecord | None:
@@ -163,6 +204,17 @@ def check_optimizer(manifest: dict, model: torch.nn.Module, optimizer: torch.opt
     _refuse(problems + _baked_in_problems(manifest, optimizer), "optimizer")
 
 
+def first_step_problems(optimizer: torch.optim.Optimizer) -> list[str]:
+    """What a fresh optimizer's first ``step()`` does that the graph, traced with the optimizer's state in place,
+    cannot: torch.optim's SGD starts each momentum buffer at the first gradient and dampens from the second step on."""
+    if not isinstance(optimizer, torch.optim.SGD) or any(optimizer.state.get(p) for g in optimizer.param_groups
+                                                         for p in g["params"]):
+        return []
+    return [f"param group {g} has momentum with dampening={group['dampening']!r}, which torch.optim's SGD skips on "
+            "its first step and the exported step cannot — take one eager optimizer step before load_step, or use "
+            "dampening=0" for g, group in enumerate(optimizer.param_groups) if group["momentum"] and group["dampening"]]
+
+
 def check_hyperparameters(manifest: dict, optimizer: torch.optim.Optimizer, record: OptimizerRecord | None) -> None:
     """At every call: hyperparameters still within what the exported graph computes (e.g. after an LR
     scheduler's step). ``record`` is :func:`optimizer_record` of the manifest."""
@@ -175,27 +227,6 @@ def check_hyperparameters(manifest: dict, optimizer: torch.optim.Optimizer, reco
     if problems:
         raise ExportMismatchError(f"the optimizer changed since load_step: {problems[0]}; the exported step bakes "
                                   "its hyperparameters in, so export again for the new settings")
-
-
-def init_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create optimizer state the graph reads, exactly as a fresh optimizer's first ``step()`` would start.
-
-    The state is made by a zero-gradient step, which leaves moments and momentum buffers at zero but counts one
-    step; the counters are set back to zero so that the first real step uses the same bias correction as eager.
-    """
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    filled = [bool(optimizer.state.get(p)) for p in params]
-    if any(filled) and not all(filled):
-        raise ExportMismatchError("the optimizer has state for some parameters only; pass a fresh optimizer or "
-                                  "one that has already stepped all of them")
-    fresh = not any(filled)
-    prepare_optimizer(model, optimizer)
-    if fresh:
-        with torch.no_grad():
-            for p in params:
-                step = optimizer.state[p].get("step")
-                if isinstance(step, torch.Tensor):
-                    step.zero_()
 
 
 def check_state(manifest: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

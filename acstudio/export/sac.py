@@ -12,7 +12,7 @@ only saved ops are updates can run a plain checkpoint instead, which puts the bl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from acstudio.export.formats import ExportFormat, ExportJob, register_format
@@ -35,13 +35,19 @@ class OpDecision:
 
 @dataclass
 class SacPolicy:
-    """Per wrapped block, its forward's ops in order with their decisions."""
+    """Per wrapped block, its forward's ops in order with their decisions.
+
+    ``containers`` holds, for the module around each numbered block (``transformer.h``), the numbers of its
+    children that ran in the profiled model (``0``, ``1``): a model with more or fewer blocks there is another
+    model, even where every wrapped block exists (empty in policies written before it was recorded).
+    """
 
     profile_fingerprint: str
     blocks: dict[str, list[OpDecision]]
     freed: list[str]  # activation ids the SAC form frees
     predicted_peak_bytes: int
     predicted_extra_ms: float
+    containers: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def from_plan(cls, profile: Profile, recomputed: list[str]) -> SacPolicy:
@@ -49,19 +55,21 @@ class SacPolicy:
         by_id = profile.node_by_id
         blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how == SAVE, i in form.state_updates)
                       for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
-        return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms)
+        return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms,
+                   containers(profile, blocks))
 
     def to_dict(self) -> dict:
         return {"profile_fingerprint": self.profile_fingerprint,
                 "blocks": {b: [[d.op, d.module, _decision(d)] for d in ops] for b, ops in self.blocks.items()},
                 "freed": self.freed, "predicted_peak_bytes": self.predicted_peak_bytes,
-                "predicted_extra_ms": self.predicted_extra_ms}
+                "predicted_extra_ms": self.predicted_extra_ms, "containers": self.containers}
 
     @classmethod
     def from_dict(cls, d: dict) -> SacPolicy:
         blocks = {b: [OpDecision(op, module, how in ("save", "update"), how == "update") for op, module, how in ops]
                   for b, ops in d["blocks"].items()}
-        return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"])
+        return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"],
+                   {k: list(v) for k, v in d.get("containers", {}).items()})
 
     def save(self, directory: Path) -> str:
         path = Path(directory) / POLICY_FILE
@@ -71,6 +79,18 @@ class SacPolicy:
     @classmethod
     def load(cls, directory: str | Path) -> SacPolicy:
         return cls.from_dict(read_document(Path(directory) / POLICY_FILE, POLICY_SCHEMA, POLICY_VERSION))
+
+
+def containers(profile: Profile, blocks) -> dict[str, list[str]]:
+    """For the parent module of every numbered block (``transformer.h`` of ``transformer.h.3``), the numbers of its
+    children that ran ops in the profiled model."""
+    parents = {parent for parent, _, index in (b.rpartition(".") for b in blocks) if parent and index.isdigit()}
+    ran = {r.module for r in profile.nodes if r.module}
+    out = {}
+    for parent in sorted(parents):
+        children = {m[len(parent) + 1:].partition(".")[0] for m in ran if m.startswith(parent + ".")}
+        out[parent] = sorted((c for c in children if c.isdigit()), key=int)
+    return out
 
 
 def _decision(d: OpDecision) -> str:

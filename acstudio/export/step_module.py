@@ -4,7 +4,8 @@
 ``step.py`` is the rewritten graph's generated code with the imports it needs, so it runs with torch alone;
 :func:`acstudio.load_step` binds it to a live model and optimizer after checking them against ``manifest.json``.
 Everything a graph bakes in is recorded there: the parameters, buffers and batch it was traced for (shapes are
-static), the optimizer type, param groups and the branches its update took (its hyperparameters are graph
+static), which parameters it trains, every module's training flag and float settings (dropout probabilities,
+eps), the optimizer type, param groups and the branches its update took (its hyperparameters are graph
 inputs, read at every call), the precision and device.
 """
 
@@ -20,7 +21,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from acstudio.capture.serialize import deserialize_step
-from acstudio.capture.step import IMPLEMENTATION_FLAGS, CapturedStep
+from acstudio.capture.step import IMPLEMENTATION_FLAGS, CapturedStep, module_settings
 from acstudio.export.formats import ExportError, ExportFormat, ExportJob, register_format
 from acstudio.fileio import write_document
 from acstudio.plan.model import Plan
@@ -89,8 +90,8 @@ def build_manifest(profile: Profile, step: RewrittenStep, spec: WorkloadSpec, re
     placeholders = [r for r in profile.nodes if r.op == "placeholder"]
     inputs = [{"kind": s.kind, "key": s.key, "shape": _shape(r.shape), "dtype": r.dtype}
               for s, r in zip(step.inputs, placeholders)]
-    batch = build_workload(spec).batch
-    leaves = pytree.tree_flatten_with_path(batch)[0]
+    workload = build_workload(spec)
+    leaves = pytree.tree_flatten_with_path(workload.batch)[0]
     return {
         "profile_fingerprint": profile.fingerprint,
         "workload": profile.workload,
@@ -105,6 +106,7 @@ def build_manifest(profile: Profile, step: RewrittenStep, spec: WorkloadSpec, re
                   for path, t in leaves],
         "optimizer": step.optimizer.to_dict() if step.optimizer else optimizer_description(spec.optimizer),
         "recomputed": recomputed,
+        "modules": module_settings(workload.model),  # as the profiled model was built and captured (train mode)
         "module": MODULE,
     }
 

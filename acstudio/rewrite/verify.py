@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from acstudio.capture.serialize import deserialize_step
-from acstudio.capture.step import CapturedStep
-from acstudio.capture.tracer import prepare_optimizer
+from acstudio.capture.step import CapturedStep, prepare_optimizer
 from acstudio.errors import DeviceError, OutOfMemoryError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
