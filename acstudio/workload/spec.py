@@ -157,25 +157,3 @@ def move_batch(batch: Any, device: torch.device | str) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(move_batch(v, device) for v in batch)
     return batch
-
-
-def build_workload(spec: WorkloadSpec) -> Workload:
-    """Build the model (random init, seeded), a batch and the loss function, on the CPU."""
-    from acstudio.workload import custom, zoo
-
-    torch.manual_seed(spec.seed)
-    if ":" in spec.model:
-        workload = custom.build(spec)
-    else:
-        workload = zoo.build(spec)
-    if not any(p.requires_grad for p in workload.model.parameters()):
-        raise ACStudioError(f"{spec.model}: the model has no trainable parameters, so there is no training step "
-                            "to measure — give a model with parameters that require grad")
-    workload.model.train()
-    return workload
-
-
-def list_models() -> dict[str, list[str]]:
-    from acstudio.workload import zoo
-
-    return zoo.list_models()

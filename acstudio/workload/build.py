@@ -1,0 +1,27 @@
+"""Build a workload from its spec: a zoo model or the user's own factory, seeded, in train mode."""
+
+from __future__ import annotations
+
+import torch
+
+from acstudio.errors import ACStudioError
+from acstudio.workload import custom, zoo
+from acstudio.workload.spec import Workload, WorkloadSpec
+
+
+def build_workload(spec: WorkloadSpec) -> Workload:
+    """Build the model (random init, seeded), a batch and the loss function, on the CPU."""
+    torch.manual_seed(spec.seed)
+    if ":" in spec.model:
+        workload = custom.build(spec)
+    else:
+        workload = zoo.build(spec)
+    if not any(p.requires_grad for p in workload.model.parameters()):
+        raise ACStudioError(f"{spec.model}: the model has no trainable parameters, so there is no training step "
+                            "to measure — give a model with parameters that require grad")
+    workload.model.train()
+    return workload
+
+
+def list_models() -> dict[str, list[str]]:
+    return zoo.list_models()
