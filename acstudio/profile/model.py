@@ -19,17 +19,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from acstudio.fileio import read_document, write_document, write_text
+from acstudio.profile.vocabulary import CATEGORIES
 
 if TYPE_CHECKING:
     import pandas as pd
 
 SCHEMA = "acstudio.profile"
 SCHEMA_VERSION = 1
-
-# Node regions in iteration order; "input" are placeholders, "output" the graph's output node.
-REGIONS = ("input", "forward", "loss", "backward", "optimizer", "output")
-# Storage categories (what the memory timeline stacks).
-CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary")
 
 
 def graph_fingerprint(graph: dict[str, Any]) -> str:
