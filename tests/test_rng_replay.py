@@ -13,10 +13,10 @@ from test_rewrite import captured, check_accounting, fused_dropout_step, quick_p
 
 import acstudio
 from acstudio.capture import capture_step
-from acstudio.capture.analysis import RANDOM_REASON, draws_random, replay_rules
-from acstudio.capture.replay_rules import RANDOM_OP_NAMES
 from acstudio.export import export
 from acstudio.plan import plan as make_plan
+from acstudio.profile.ops import draws_random
+from acstudio.profile.replay_rules import RANDOM_OP_NAMES, RANDOM_REASON, replay_rules
 from acstudio.rewrite import RewriteError, rewrite, rewrite_step
 from acstudio.rewrite.verify import verify
 from acstudio.simulate.modes import simulate_plan

@@ -192,7 +192,7 @@ def with_headroom(budget_bytes: int) -> int:
 def cached_profile(spec: WorkloadSpec, dev: torch.device, path: str | None):
     """Profile ``spec`` on ``dev``, or reuse a profile file of exactly this workload and device type."""
     from acstudio.profile.model import Profile
-    from acstudio.profile.profiler import free_device_memory, profile_workload
+    from acstudio.profiler import free_device_memory, profile_workload
 
     if path and Path(path).is_file():
         profile = Profile.load(path)

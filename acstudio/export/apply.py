@@ -29,9 +29,9 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from acstudio.capture.analysis import BATCH_NORM_OPS
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy
+from acstudio.profile.replay_rules import BATCH_NORM_OPS
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
 # Overloads that stand for the same computation in make_fx's capture, eager and torch.compile's trace

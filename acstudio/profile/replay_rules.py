@@ -62,6 +62,18 @@ def blocked_reason(sid: str, holders: list[tuple[str, str, str]], creator_target
     return ""
 
 
+def random_verdict(target, args, kwargs, has_input: bool, keep_random: bool) -> str | None:
+    """The replay verdict of an op that draws random numbers (None if it draws none: an ordinary op); ``target`` is
+    a torch op, so torch is imported already."""
+    from acstudio.profile.ops import draws_random, target_name
+
+    if not draws_random(target, args, kwargs):
+        return None
+    if keep_random:
+        return "ok" if target_name(target) in DROPOUT_OPS else RANDOM_REASON
+    return "ok" if has_input else NO_GENERATOR_REASON
+
+
 @dataclass
 class ReplayRules:
     """Replay verdicts of a profile's nodes and activations under one random-op rule (see :func:`replay_rules`)."""
@@ -87,8 +99,6 @@ def replay_rules(profile: Profile, keep_random: bool = False) -> ReplayRules:
         if target is not None and nd.region in ("forward", "loss"):
             args = rec["args"]["$t"]  # a node's args are stored as a tuple
             has_input = any(isinstance(v, dict) and "$n" in v for v in _flat(args, rec["kwargs"]))
-            from acstudio.capture.analysis import random_verdict  # torch is imported already: target is an op
-
             random = random_verdict(target, args, rec["kwargs"], has_input, keep_random)
             if random is not None and random != "ok":
                 verdict = random
@@ -135,7 +145,7 @@ def _random_op(name: str) -> torch._ops.OpOverload | None:
         return None
     import torch
 
-    from acstudio.capture.analysis import aten_op
+    from acstudio.profile.ops import aten_op
 
     op = aten_op(name)
     return op if op is not None and torch.Tag.nondeterministic_seeded in op.tags else None

@@ -48,11 +48,12 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from acstudio.capture.analysis import BATCH_NORM_OPS, replay_rules, written_args
-from acstudio.capture.serialize import target_name
+from acstudio.capture.analysis import written_args
 from acstudio.capture.step import CapturedStep
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.profile.model import Profile
+from acstudio.profile.ops import target_name
+from acstudio.profile.replay_rules import BATCH_NORM_OPS, replay_rules
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import RNG_STATE_BYTES
 

@@ -32,7 +32,7 @@ from acstudio.errors import DeviceError, OutOfMemoryError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
-from acstudio.profile.profiler import resolve_device
+from acstudio.profiler import resolve_device
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import plan_activations, rewrite_step
 from acstudio.units import format_bytes

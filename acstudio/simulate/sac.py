@@ -37,8 +37,8 @@ from functools import cached_property
 
 import numpy as np
 
-from acstudio.capture.replay_rules import BATCH_NORM_OPS
 from acstudio.profile.model import Profile
+from acstudio.profile.replay_rules import BATCH_NORM_OPS
 from acstudio.simulate.modes import ReplayMode, register_mode
 from acstudio.simulate.replay import FORWARD_REGIONS, Replay
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
