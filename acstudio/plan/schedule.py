@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from acstudio.plan.model import Plan, ScheduleEntry
+from acstudio.plan.validation import use_planner
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import REPLAY_MODES, get_mode
 from acstudio.simulate.simulator import Simulator
@@ -88,3 +89,7 @@ class PlanContext:
                                                    recompute_before=self.sim.node_ids[r.at]))
         return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], sched.extra_ms,
                               stop_reason, replay_mode=mode)
+
+
+# Plan.load re-derives a plan against its profile with this context (see acstudio.plan.validation).
+use_planner(lambda profile, keep_random: PlanContext(profile, Simulator(profile, keep_random=keep_random)))
