@@ -136,11 +136,6 @@ class BenchResults:
 
         return pd.DataFrame([flat_row(r) for r in self.compared()])
 
-    def fits_frame(self) -> pd.DataFrame:
-        import pandas as pd
-
-        return pd.DataFrame([{k: v for k, v in f.items() if k != "probes"} for f in self.fits])
-
     def to_dict(self) -> dict[str, Any]:
         return {"meta": self.meta, "rows": self.rows, "fits": self.fits}
 

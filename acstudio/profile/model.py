@@ -225,14 +225,6 @@ class Profile:
         df = pd.DataFrame([dataclasses.astuple(a) for a in self.activations], columns=cols)
         return df.set_index("id")
 
-    def tensors_df(self) -> pd.DataFrame:
-        import pandas as pd
-
-        df = pd.DataFrame([dataclasses.asdict(t) for t in self.tensors])
-        if not df.empty:
-            df["aliases"] = df["aliases"].map(" ".join)
-        return df.set_index("id") if not df.empty else df
-
     def export_csv(self, directory: str | os.PathLike) -> list[str]:
         """Write ``nodes.csv`` and ``activations.csv`` (atomically) and return their paths."""
         paths = []
