@@ -151,7 +151,7 @@ def test_attention_without_dropout_is_an_ordinary_candidate():
     assert attention and all(n.replay == "ok" for n in attention)
     outputs = [a.id for a in profile.activations if a.created_at in {n.id for n in attention}]
     assert outputs
-    old = copy.deepcopy(profile)  # as the older rule recorded it
+    old = copy.deepcopy(profile)  # as a file that never replayed random ops records it
     for n in old.nodes:
         if "scaled_dot_product" in n.target:
             n.replay = RANDOM_REASON

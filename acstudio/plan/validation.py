@@ -87,7 +87,7 @@ def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None
     """Simulate the plan's recompute set again: its schedule and predictions must be what the file says.
 
     The rewriter reads only the recompute set and the replay mode; reports read the rest. Re-deriving the rest
-    (milliseconds on a 6814-node graph, plus the AC floor unless ``context``, the profile's
+    (milliseconds even on a large graph, plus the AC floor unless ``context``, the profile's
     :class:`~acstudio.plan.schedule.PlanContext`, has it already) means a file edited by hand cannot report one
     thing and run another.
     """

@@ -122,7 +122,7 @@ class Profile:
 
         ``run_time_ms`` is measured one node at a time, so on a GPU it includes the gaps in which the device
         waits for the interpreter to launch the next node; their sum exceeds the whole step's measured
-        ``iteration_ms`` (ResNet-152 bs64 on an H200: 169 ms vs 73 ms). Recomputations run inside the compiled
+        ``iteration_ms``, on a large model by more than twice. Recomputations run inside the compiled
         step, so the planner scales node times by ``iteration_ms / sum(run_time_ms)`` (never above 1).
         """
         total = sum(n.run_time_ms for n in self.nodes)

@@ -1,8 +1,8 @@
 """Turn a recompute plan into a rewritten training step: free activations after forward, replay them in backward.
 
 The rewriter works on the captured graph itself (a copy of the same nodes, found by ``meta["ac_id"]``), never on a
-re-trace, and takes storages, aliases and replay safety from the profile (design brief E.1 and E.5). For every
-recomputed activation, in order of first backward use:
+re-trace, and takes storages, aliases and replay safety from the profile, so it rewrites exactly what was planned.
+For every recomputed activation, in order of first backward use:
 
 1. its *replay* is the backward slice from the activation's alias nodes down to resident sources: graph inputs,
    retained activations, and recomputed activations whose replayed copy is still alive at that point;
@@ -33,7 +33,7 @@ replace the forward op by a HOP returning ``(state, output)``: the captured node
 every consumer and storage keyed by its id with it, while the get/set nodes leave every captured node as it is
 (one graph, stable ids, original kernels and masks) and generate plain torch calls, so exported steps still need
 torch alone; the HOPs are also private API that moved between torch releases. With ``keep_random`` random ops
-are never replayed (the older rule) and ``native_dropout`` (CUDA's fused dropout) is replayed as
+are never replayed (no random draw is repeated) and ``native_dropout`` (CUDA's fused dropout) is replayed as
 ``native_dropout_backward`` on the mask it drew in forward, which is kept: the same masked scale, no second draw.
 """
 
