@@ -23,6 +23,7 @@ _PY_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
 
 
 def target_name(target: Any) -> str:
+    """The stored name of a graph node's target: ``aten.mm.default``, ``operator.getitem`` or a ``get_attr`` path."""
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::')[1]}.{target._overloadname}"
     if target in _PY_NAMES:
@@ -33,6 +34,7 @@ def target_name(target: Any) -> str:
 
 
 def resolve_target(name: str):
+    """The callable a stored target name stands for (the inverse of :func:`target_name` for call targets)."""
     if name in _PY_TARGETS:
         return _PY_TARGETS[name]
     namespace, packet, overload = name.split(".")
