@@ -132,7 +132,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from acstudio.profile.profiler import profile_workload
+    from acstudio.profiler import profile_workload
     from acstudio.units import format_bytes
 
     spec = _spec(args)
@@ -344,7 +344,7 @@ def _int_list(text: str) -> list[int]:
 
 def cmd_bench(args) -> int:
     from acstudio.bench import run_bench
-    from acstudio.profile.profiler import resolve_device
+    from acstudio.profiler import resolve_device
 
     args.batch_size = 1
     spec = dataclasses.replace(_spec(args), seed=args.seed)

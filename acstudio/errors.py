@@ -74,3 +74,7 @@ def describe_failure(exc: BaseException) -> str:
         return f"{message} — check the path, its permissions and the free disk space"
     return (f"unexpected {type(exc).__name__}: {message} — if the input looks right, this is a bug in AC Studio or "
             "in the model's code: rerun with --debug and report the traceback")
+
+
+class RewriteError(ACStudioError):
+    """The plan cannot be applied: it would replay a node that must not run twice, or names no activation."""

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import acstudio
 from acstudio.bench.steps import checkpoint_forward, eager_step, find_blocks
-from acstudio.workload.spec import WorkloadSpec, build_workload
+from acstudio.workload import WorkloadSpec, build_workload
 
 KINDS = (("convolution", ("conv", "cudnn", "implicit_gemm", "wgrad", "dgrad", "xmma")), ("matmul", ("gemm", "cutlass")),
          ("copy", ("copy", "memcpy", "memset", "fill")), ("triton", ("triton",)))

@@ -20,7 +20,7 @@ import torch
 from acstudio import load_step
 from acstudio.export import export
 from acstudio.plan import plan
-from acstudio.profile.profiler import profile_workload
+from acstudio.profiler import profile_workload
 from acstudio.rewrite.verify import compare, deterministic_kernels
 from acstudio.workload import WorkloadSpec, build_workload
 

@@ -48,7 +48,7 @@ def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
 
 
 def test_measured_rank_state_matches_the_per_rank_prediction(two_ranks):
-    from acstudio.profile.profiler import profile_workload
+    from acstudio.profiler import profile_workload
 
     spec, rows = two_ranks
     profile = profile_workload(spec.with_batch_size(2), "cpu")

@@ -24,7 +24,8 @@ from acstudio.gui.models import DataFrameModel, FilterProxy, fmt_bytes
 from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.jobs import check
 from acstudio.plan.model import Plan
-from acstudio.profile.model import REGIONS, Profile
+from acstudio.profile.model import Profile
+from acstudio.profile.vocabulary import REGIONS
 from acstudio.units import format_bytes
 from acstudio.views import graph_layout as gl
 from acstudio.views.child import sweep_in_child
@@ -81,7 +82,7 @@ def factory_ref(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_profile_path(tmp_path_factory, factory_ref):
-    from acstudio.profile.profiler import profile_workload
+    from acstudio.profiler import profile_workload
 
     profile = profile_workload(WorkloadSpec(factory_ref, batch_size=16, optimizer="sgd"), device="cpu")
     path = tmp_path_factory.mktemp("profiles") / "tiny.json.gz"

@@ -205,7 +205,7 @@ def test_search_finds_modules_by_name_forward_first(resnet, bert):
 def test_a_decoder_opens_on_its_blocks_with_either_layout():
     from conftest import TINY_GPT2, tiny_spec
 
-    from acstudio.profile.profiler import profile_workload
+    from acstudio.profiler import profile_workload
 
     config = (*(tuple(c.split("=", 1)) for c in TINY_GPT2 if not c.startswith("n_layer")), ("n_layer", "8"))
     profile = profile_workload(tiny_spec("gpt2", config=config), device="cpu")

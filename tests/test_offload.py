@@ -19,7 +19,7 @@ from acstudio.plan.peak import explain_peak
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.validation import check_plan_derivation
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
-from acstudio.profile.profiler import measure_host_link
+from acstudio.profiler import measure_host_link
 from acstudio.rewrite import offload as runtime_module
 from acstudio.rewrite import rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes

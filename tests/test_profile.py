@@ -7,11 +7,12 @@ import pytest
 import torch
 from conftest import tiny_spec
 
-from acstudio.capture.analysis import replay_rules
 from acstudio.errors import Cancelled, DeviceError, ProfileFileError, UnknownModelError
 from acstudio.jobs import CancelToken
-from acstudio.profile.model import CATEGORIES, Profile
-from acstudio.profile.profiler import profile_workload
+from acstudio.profile.model import Profile
+from acstudio.profile.replay_rules import replay_rules
+from acstudio.profile.vocabulary import CATEGORIES
+from acstudio.profiler import profile_workload
 from acstudio.workload import WorkloadSpec, build_workload
 
 

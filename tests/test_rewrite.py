@@ -11,11 +11,12 @@ import torch.fx as fx
 from conftest import tiny_spec
 
 from acstudio.capture import capture_step
-from acstudio.capture.analysis import analyze, replay_rules, written_args
+from acstudio.capture.analysis import analyze, written_args
 from acstudio.capture.serialize import serialize_step
 from acstudio.errors import PlanMismatchError
 from acstudio.plan import plan as make_plan
 from acstudio.profile.model import Profile
+from acstudio.profile.replay_rules import replay_rules
 from acstudio.rewrite import RewriteError, rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import drop_running_stats

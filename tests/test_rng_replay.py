@@ -13,10 +13,10 @@ from test_rewrite import captured, check_accounting, fused_dropout_step, quick_p
 
 import acstudio
 from acstudio.capture import capture_step
-from acstudio.capture.analysis import RANDOM_REASON, draws_random, replay_rules
-from acstudio.capture.replay_rules import RANDOM_OP_NAMES
 from acstudio.export import export
 from acstudio.plan import plan as make_plan
+from acstudio.profile.ops import draws_random
+from acstudio.profile.replay_rules import RANDOM_OP_NAMES, RANDOM_REASON, replay_rules
 from acstudio.rewrite import RewriteError, rewrite, rewrite_step
 from acstudio.rewrite.verify import verify
 from acstudio.simulate.modes import simulate_plan
@@ -151,7 +151,7 @@ def test_attention_without_dropout_is_an_ordinary_candidate():
     assert attention and all(n.replay == "ok" for n in attention)
     outputs = [a.id for a in profile.activations if a.created_at in {n.id for n in attention}]
     assert outputs
-    old = copy.deepcopy(profile)  # as the older rule recorded it
+    old = copy.deepcopy(profile)  # as a file that never replayed random ops records it
     for n in old.nodes:
         if "scaled_dot_product" in n.target:
             n.replay = RANDOM_REASON

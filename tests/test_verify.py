@@ -93,7 +93,7 @@ def test_a_noise_floor_lets_every_tensor_differ_up_to_it():
 
 @gpu
 def test_cuda_peak_is_measured_and_lower():
-    from acstudio.profile.profiler import profile_workload
+    from acstudio.profiler import profile_workload
 
     profile = profile_workload(tiny_spec("gpt2", batch_size=8, seq_len=64), "cuda")
     plan = make_plan(profile, int(profile.peak_bytes * 0.85))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from acstudio.errors import OutOfMemoryError
-from acstudio.profile.profiler import profile_workload
+from acstudio.profiler import profile_workload
 from acstudio.workload import WorkloadSpec, build_workload, list_models
 from acstudio.workload import memory as workload_memory
 from acstudio.workload.memory import meta_estimate, require_fits

@@ -34,9 +34,8 @@ class Kind:
 
     ``planner`` (a function of :mod:`acstudio.bench.steps`) profiles (and for ``sac``, plans and exports) in a
     process of its own before the measuring one, which then only loads the result, as a user's training process
-    loads an export: the process that had captured and profiled the model ran the step slower (ResNet-152 bs64
-    compiled with our plan on the H200: 69.6 ms, against 56.0-61.5 ms planned apart;
-    ``results/bench/resnet152/bs64_plan_in_process_check.txt``)."""
+    loads an export: the process that had captured and profiled the model ran the compiled step measurably slower
+    than one that only loaded the plan (``results/bench/resnet152/bs64_plan_in_process_check.txt``)."""
 
     name: str
     summary: str

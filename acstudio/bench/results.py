@@ -200,11 +200,6 @@ class BenchResults:
 
         return pd.DataFrame([flat_row(r) for r in self.compared()])
 
-    def fits_frame(self) -> pd.DataFrame:
-        import pandas as pd
-
-        return pd.DataFrame([{k: v for k, v in f.items() if k != "probes"} for f in self.fits])
-
     def loss_checks(self) -> list[dict[str, Any]]:
         """Every compared row's loss parity (:func:`loss_parity`), for readers of ``bench.json``."""
         return [{"config": r["config"], "batch_size": r["batch_size"], "phase": r.get("phase"), **r["loss_check"]}

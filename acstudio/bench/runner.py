@@ -1,7 +1,7 @@
 """``run_bench``: every (batch size, configuration) in a fresh worker process, then max-batch searches.
 
 A fresh process per measurement keeps the caching allocator, compiled kernels and process-wide settings of
-one configuration from leaking into the next (design note E.6). Each worker's config file and log are kept
+one configuration from leaking into the next. Each worker's config file and log are kept
 under ``OUT/workers/`` so a single measurement can be re-run by hand, and results are saved after every
 measurement so an interrupted run keeps what it measured.
 """

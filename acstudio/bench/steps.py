@@ -251,9 +251,9 @@ def prepare_rewritten(req: Request) -> Prepared:
     return Prepared(lambda: step.run(w.model, opt, w.batch), w.model, opt, w.batch, info)
 
 
-# A planned row must fit under its budget, measured. The simulator predicts the peak to within a few hundred KiB
-# (on the H200: 0.16 MiB under at 7.9 GiB for BERT, 1.0 MiB under for GPT-2 at 6.4 GiB, where a library workspace
-# or allocator rounding the profile did not see came on top), so the plan aims that much below the budget.
+# A planned row must fit under its budget, measured. The simulator predicts the peak to within a small fraction of
+# it; what it cannot see (a library workspace, allocator rounding the profile did not record) comes on top, so the
+# plan aims that much below the budget.
 HEADROOM = 0.0005
 
 
@@ -265,7 +265,7 @@ def with_headroom(budget_bytes: int) -> int:
 def cached_profile(spec: WorkloadSpec, dev: torch.device, path: str | None):
     """Profile ``spec`` on ``dev``, or reuse a profile file of exactly this workload and device type."""
     from acstudio.profile.model import Profile
-    from acstudio.profile.profiler import free_device_memory, profile_workload
+    from acstudio.profiler import free_device_memory, profile_workload
 
     if path and Path(path).is_file():
         profile = Profile.load(path)

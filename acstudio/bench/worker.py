@@ -6,8 +6,8 @@ optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's r
 ``compiled_per_block_peak`` (compile+per-block's measured peak, which calibrates a compiled plan),
 ``compiled_step_ms`` (compile's and compile+per-block's step times, which calibrate its replay times) and
 ``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
-allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration
-(design note E.6). With ``"task": "plan"`` it runs a planned configuration's profiling and planning instead
+allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration.
+With ``"task": "plan"`` it runs a planned configuration's profiling and planning instead
 (:func:`acstudio.bench.steps.plan_ahead`), in a process before the measuring one.
 
 Running out of memory is a result (``"status": "oom"``), any other failure is ``"status": "error"`` with

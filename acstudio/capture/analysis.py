@@ -7,27 +7,16 @@ the storage it lives in and never counted twice. A storage is named after the no
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from acstudio.capture.replay_rules import (  # noqa: F401 - re-exported: the capture's own vocabulary
-    BATCH_NORM_OPS,
-    DROPOUT_MASK_REASON,
-    DROPOUT_OPS,
-    NO_GENERATOR_REASON,
-    RANDOM_REASON,
-    ReplayRules,
-    blocked_reason,
-    replay_rules,
-)
-from acstudio.capture.serialize import resolve_target, target_name
 from acstudio.capture.step import CapturedStep
-from acstudio.errors import ProfileFileError
 from acstudio.profile.model import ActivationRecord, NodeRecord, TensorRecord
+from acstudio.profile.ops import target_name
+from acstudio.profile.replay_rules import BATCH_NORM_OPS, blocked_reason, random_verdict
 
 SLOT_CATEGORY = {"param": "parameter", "buffer": "buffer", "opt_state": "optimizer_state", "batch": "input"}
 HOST_SYNC_OPS = {"aten._local_scalar_dense.default", "aten.item.default"}
@@ -61,35 +50,6 @@ def written_args(node: fx.Node) -> list[fx.Node]:
         values = value if isinstance(value, (list, tuple)) else [value]
         out += [v for v in values if isinstance(v, fx.Node)]
     return out
-
-
-def draws_random(target, args, kwargs) -> bool:
-    """Whether an op draws random numbers: it is tagged ``nondeterministic_seeded`` and its dropout probability
-    is not 0 (SDPA with ``dropout_p == 0``, dropout with ``p == 0`` or ``train=False`` draw nothing).
-
-    ``args``/``kwargs`` are an fx node's or their serialized form (scalars are stored as they are)."""
-    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in target.tags:
-        return False
-    schema = {a.name: (i, a) for i, a in enumerate(target._schema.arguments)}
-
-    def value(name: str):
-        i, a = schema[name]
-        return args[i] if i < len(args) else kwargs.get(name, a.default_value)
-
-    if "dropout_p" in schema:
-        return value("dropout_p") != 0
-    if "train" in schema and "p" in schema:
-        return value("train") is not False and value("p") != 0
-    return True
-
-
-def random_verdict(target, args, kwargs, has_input: bool, keep_random: bool) -> str | None:
-    """The replay verdict of an op that draws random numbers (None if it draws none: an ordinary op)."""
-    if not draws_random(target, args, kwargs):
-        return None
-    if keep_random:
-        return "ok" if target_name(target) in DROPOUT_OPS else RANDOM_REASON
-    return "ok" if has_input else NO_GENERATOR_REASON
 
 
 @dataclass
@@ -248,14 +208,3 @@ def replay_reason(node: fx.Node, region: str, state_storages: set[str], node_sto
                 continue  # replayed without updating running statistics
             return "mutates graph state (parameter, buffer or input)"
     return "ok"
-
-
-@functools.cache
-def aten_op(name: str) -> torch._ops.OpOverload | None:
-    """The aten op overload a stored target name (``aten.mm.default``) names, or ``None``."""
-    if not name.startswith("aten."):
-        return None
-    try:
-        return resolve_target(name)
-    except ProfileFileError:
-        return None

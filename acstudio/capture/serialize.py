@@ -7,7 +7,6 @@ trace anything. Device arguments can be remapped (a GPU profile verified on the 
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any
 
 import torch
@@ -15,32 +14,7 @@ import torch.fx as fx
 
 from acstudio.capture.step import CapturedStep, InputSlot, OptimizerRecord
 from acstudio.errors import ProfileFileError
-
-# Python-level nodes: getitem of multi-output ops, and the scalar arithmetic torch.optim does on hyperparameters
-# and step counters (``lr / (1 - beta1 ** step)``).
-_PY_TARGETS = {f"operator.{name}": getattr(operator, name)
-               for name in ("getitem", "add", "sub", "mul", "truediv", "pow", "neg", "floordiv", "mod")}
-_PY_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
-
-
-def target_name(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._schema.name.split('::')[1]}.{target._overloadname}"
-    if target in _PY_NAMES:
-        return _PY_NAMES[target]
-    if isinstance(target, str):
-        return target
-    raise ProfileFileError(f"cannot serialize graph target {target!r}")
-
-
-def resolve_target(name: str):
-    if name in _PY_TARGETS:
-        return _PY_TARGETS[name]
-    namespace, packet, overload = name.split(".")
-    try:
-        return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
-    except AttributeError as exc:
-        raise ProfileFileError(f"this torch has no operator {name} (profile made with another version?)") from exc
+from acstudio.profile.ops import resolve_target, target_name
 
 
 def _encode(value: Any) -> Any:

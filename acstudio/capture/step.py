@@ -193,9 +193,6 @@ class CapturedStep:
     # None for steps captured before hyperparameters were graph inputs: their values are constants in the graph
     optimizer: OptimizerRecord | None = None
 
-    def nodes_by_id(self) -> dict[str, fx.Node]:
-        return {n.meta["ac_id"]: n for n in self.gm.graph.nodes}
-
     def flat_inputs(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> list:
         """The graph's inputs taken from live objects (no copies: the step updates them in place).
 

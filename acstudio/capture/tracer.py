@@ -1,6 +1,6 @@
 """Trace forward + loss + backward + ``optimizer.step()`` into one aten graph with ``make_fx`` (fake mode).
 
-Recipe (see shared/design/mutwo-algorithm.md, E.2): parameters and buffers are swapped for graph inputs with
+Recipe: parameters and buffers are swapped for graph inputs with
 ``torch.nn.utils.stateless`` (tied weights stay tied), the optimizer is pointed at those inputs and at its
 lifted state, and gradients come from ``torch.autograd.grad`` (no accumulation into ``.grad``). Regions and
 module paths are recorded while tracing from the graph's length at phase boundaries and module hooks, so no

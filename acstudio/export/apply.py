@@ -29,9 +29,9 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from acstudio.capture.analysis import BATCH_NORM_OPS
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy
+from acstudio.profile.replay_rules import BATCH_NORM_OPS
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
 # Overloads that stand for the same computation in make_fx's capture, eager and torch.compile's trace
@@ -172,9 +172,8 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> No
     A block whose ops are all recomputed (floating ones aside, and updates of module state, whose buffers the plain
     checkpoint puts back after its replay) runs its first eager call under the policy, which checks that the model
     matches, and every later one under a plain non-reentrant checkpoint, as per-block checkpointing does: SAC's
-    dispatch mode runs Python for every op, twice, which makes an eager step host-bound (LLaMA bs8 on the H200:
-    81.8 ms against per-block's 51.4; ResNet-152 bs64, whose blocks saved only their BatchNorm counters: 263.5 ms
-    against 169.7)."""
+    dispatch mode runs Python for every op, twice, which makes an eager step host-bound, even for blocks that save
+    only their BatchNorm counters (docs/results.md measures it)."""
     inner = getattr(module, _INNER, module.forward)
     ops = [OpDecision(canonical(d.op), d.module, d.save, d.updates_state) for d in ops if d.op not in _IGNORED]
     policies: list[BlockPolicy] = []

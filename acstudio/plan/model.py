@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from acstudio.errors import PlanMismatchError
 from acstudio.fileio import read_document, write_document, write_text
+from acstudio.plan.validation import check_plan_against, check_plan_derivation, validate_plan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -155,8 +156,6 @@ class Plan:
 
         Raises :class:`~acstudio.errors.CorruptFileError` naming ``source``, the field and the problem.
         """
-        from acstudio.plan.validation import validate_plan
-
         doc = validate_plan(d, source)
         fields = {f.name for f in dataclasses.fields(cls)} - {"simulation"}
         body = {k: v for k, v in d.items() if k in fields}  # a field the schema does not know yet passes as is
@@ -174,8 +173,6 @@ class Plan:
         """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph, every id it names
         exists there and its schedule and predictions are what that profile gives (``context``: the profile's
         plan context, if one is at hand, saves simulating it again)."""
-        from acstudio.plan.validation import check_plan_against, check_plan_derivation
-
         plan = cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
         if profile is not None:
             plan.check_profile(profile)

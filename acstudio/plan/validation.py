@@ -1,19 +1,32 @@
 """Plan files checked on load: the document against its schema and itself, then against its profile.
 
 The schema and the checking helpers are :mod:`acstudio.profile.schema`'s; what needs the replay modes and the
-simulator (re-deriving a plan from its recompute set) lives here, above them.
+planner (re-deriving a plan from its recompute set) lives here, above them.
+
+Re-deriving takes the planner's per-profile context (:class:`~acstudio.plan.schedule.PlanContext`). It builds
+``Plan`` objects, so it imports the plan model, which imports this module to check what it loads; the planner
+therefore hands itself in with :func:`use_planner` when it is imported (the ``acstudio.plan`` package imports it,
+so it is in place before any plan can be read).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
-from acstudio.plan.schedule import PlanContext
 from acstudio.profile.schema import _PLAN, PlanDoc, _Checker, _short, corrupt, validate_document
 from acstudio.simulate.modes import REPLAY_MODES
-from acstudio.simulate.simulator import Simulator
+
+# (profile, keep_random) -> the planner's context of that profile under that random-op rule
+_planner_context: Callable[[Any, bool], Any] | None = None
+
+
+def use_planner(make_context: Callable[[Any, bool], Any]) -> None:
+    """Re-derive plans with ``make_context(profile, keep_random)``, the planner's context of a profile."""
+    global _planner_context
+    _planner_context = make_context
 
 
 def validate_plan(doc: dict[str, Any], source: str | os.PathLike) -> PlanDoc:
@@ -81,14 +94,14 @@ def check_plan_derivation(plan, profile, source: str | os.PathLike, context=None
     """Simulate the plan's recompute set again: its schedule and predictions must be what the file says.
 
     The rewriter reads only the recompute set and the replay mode; reports read the rest. Re-deriving the rest
-    (milliseconds on a 6814-node graph, plus the AC floor unless ``context``, the profile's
+    (milliseconds even on a large graph, plus the AC floor unless ``context``, the profile's
     :class:`~acstudio.plan.schedule.PlanContext`, has it already) means a file edited by hand cannot report one
     thing and run another.
     """
     c = _Checker(str(source), "plan")
     ctx = context
     if ctx is None or ctx.rg.keep_random != plan.keep_random:  # candidates depend on the random-op rule
-        ctx = PlanContext(profile, Simulator(profile, keep_random=plan.keep_random))
+        ctx = _planner_context(profile, plan.keep_random)
     offloaded = [ctx.rg.act_index[a] for a in plan.offloaded]
     expected = ctx.plan_for_set(plan.solver, plan.budget_bytes, ctx.sim.indices(plan.recomputed),
                                 mode=plan.replay_mode, offloaded=offloaded)

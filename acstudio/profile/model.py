@@ -19,17 +19,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from acstudio.fileio import read_document, write_document, write_text
+from acstudio.profile.vocabulary import CATEGORIES
 
 if TYPE_CHECKING:
     import pandas as pd
 
 SCHEMA = "acstudio.profile"
 SCHEMA_VERSION = 1
-
-# Node regions in iteration order; "input" are placeholders, "output" the graph's output node.
-REGIONS = ("input", "forward", "loss", "backward", "optimizer", "output")
-# Storage categories (what the memory timeline stacks).
-CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary")
 
 
 def graph_fingerprint(graph: dict[str, Any]) -> str:
@@ -175,7 +171,7 @@ class Profile:
 
         ``run_time_ms`` is measured one node at a time, so on a GPU it includes the gaps in which the device
         waits for the interpreter to launch the next node; their sum exceeds the whole step's measured
-        ``iteration_ms`` (ResNet-152 bs64 on an H200: 169 ms vs 73 ms). Recomputations run inside the compiled
+        ``iteration_ms``, on a large model by more than twice. Recomputations run inside the compiled
         step, so the planner scales node times by ``iteration_ms / sum(run_time_ms)`` (never above 1).
         """
         total = sum(n.run_time_ms for n in self.nodes)
@@ -279,14 +275,6 @@ class Profile:
         cols = [f.name for f in dataclasses.fields(ActivationRecord)]
         df = pd.DataFrame([dataclasses.astuple(a) for a in self.activations], columns=cols)
         return df.set_index("id")
-
-    def tensors_df(self) -> pd.DataFrame:
-        import pandas as pd
-
-        df = pd.DataFrame([dataclasses.asdict(t) for t in self.tensors])
-        if not df.empty:
-            df["aliases"] = df["aliases"].map(" ".join)
-        return df.set_index("id") if not df.empty else df
 
     def export_csv(self, directory: str | os.PathLike) -> list[str]:
         """Write ``nodes.csv`` and ``activations.csv`` (atomically) and return their paths."""

@@ -36,7 +36,7 @@ from pydantic import (
 from typing_extensions import NotRequired, TypedDict
 
 from acstudio.errors import CorruptFileError
-from acstudio.profile.model import CATEGORIES, REGIONS
+from acstudio.profile.vocabulary import CATEGORIES, REGIONS
 
 MAX_BYTES = 2**53
 MAX_MS = 1e9

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from acstudio.errors import ACStudioError
+from acstudio.errors import ACStudioError, RewriteError
+from acstudio.profiler import host_available_bytes
 
 RUNTIME_ATTR = "acstudio_offload"
 FORWARD_REGIONS = ("forward", "loss")
@@ -37,12 +38,6 @@ class HostMemoryError(ACStudioError):
 
 class CpuOffloadWarning(UserWarning):
     """A plan with offload runs on a CPU device, where the copies save no memory."""
-
-
-def host_available_bytes() -> int | None:
-    from acstudio.profile.profiler import host_available_bytes as available
-
-    return available()
 
 
 class OffloadRuntime(torch.nn.Module):
@@ -179,8 +174,6 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
     """Add the offload nodes of ``schedule`` (an :class:`~acstudio.simulate.offload.OffloadSchedule` of
     ``profile``; ``facts``: its :class:`~acstudio.simulate.offload.OffloadFacts`) to ``gm``, a rewrite of the
     graph ``profile`` measured whose original nodes keep their ``ac_id``."""
-    from acstudio.rewrite.rewriter import RewriteError
-
     graph = gm.graph
     by_id = {n.meta["ac_id"]: n for n in graph.nodes}
     original = [by_id[r.id] for r in profile.nodes]

@@ -1,8 +1,8 @@
 """Turn a recompute plan into a rewritten training step: free activations after forward, replay them in backward.
 
 The rewriter works on the captured graph itself (a copy of the same nodes, found by ``meta["ac_id"]``), never on a
-re-trace, and takes storages, aliases and replay safety from the profile (design brief E.1 and E.5). For every
-recomputed activation, in order of first backward use:
+re-trace, and takes storages, aliases and replay safety from the profile, so it rewrites exactly what was planned.
+For every recomputed activation, in order of first backward use:
 
 1. its *replay* is the backward slice from the activation's alias nodes down to resident sources: graph inputs,
    retained activations, and recomputed activations whose replayed copy is still alive at that point;
@@ -35,7 +35,7 @@ replace the forward op by a HOP returning ``(state, output)``: the captured node
 every consumer and storage keyed by its id with it, while the get/set nodes leave every captured node as it is
 (one graph, stable ids, original kernels and masks) and generate plain torch calls, so exported steps still need
 torch alone; the HOPs are also private API that moved between torch releases. With ``keep_random`` random ops
-are never replayed (the older rule) and ``native_dropout`` (CUDA's fused dropout) is replayed as
+are never replayed (no random draw is repeated) and ``native_dropout`` (CUDA's fused dropout) is replayed as
 ``native_dropout_backward`` on the mask it drew in forward, which is kept: the same masked scale, no second draw.
 """
 
@@ -50,21 +50,18 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from acstudio.capture.analysis import BATCH_NORM_OPS, replay_rules, written_args
-from acstudio.capture.serialize import target_name
+from acstudio.capture.analysis import written_args
 from acstudio.capture.step import CapturedStep
-from acstudio.errors import ACStudioError, PlanMismatchError
+from acstudio.errors import ACStudioError, PlanMismatchError, RewriteError
 from acstudio.profile.model import Profile
+from acstudio.profile.ops import target_name
+from acstudio.profile.replay_rules import BATCH_NORM_OPS, replay_rules
 from acstudio.rewrite.offload import RUNTIME_ATTR, Offload, insert_offload
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import RNG_STATE_BYTES
 
 RESIDENT_CATEGORIES = {"parameter", "buffer", "optimizer_state", "input"}
 FORWARD_REGIONS = ("forward", "loss")
-
-
-class RewriteError(ACStudioError):
-    """The plan cannot be applied: it would replay a node that must not run twice, or names no activation."""
 
 
 @dataclass

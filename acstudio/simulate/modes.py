@@ -178,6 +178,3 @@ class ReplayShared(ReplayMode):
 
 register_mode(ReplayAgain())
 register_mode(ReplayShared())
-
-# Modes defined in their own modules register themselves on import (after the names they use exist here).
-from acstudio.simulate import sac  # noqa: E402, F401

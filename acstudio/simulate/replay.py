@@ -22,7 +22,7 @@ kept alive up to the recomputation if its last use comes earlier (the simulator 
 
 An activation is a recompute candidate when it is recomputable, its own chain replays only nodes whose replay
 verdict is ``"ok"``, and there is at least one node between its last forward and first backward use. Verdicts
-come from :func:`~acstudio.capture.replay_rules.replay_rules` under the graph's random-op rule (``keep_random``):
+come from :func:`~acstudio.profile.replay_rules.replay_rules` under the graph's random-op rule (``keep_random``):
 by default a random op is replayed with the generator state its forward drew with, which the rewriter saves
 right before that op in forward and keeps until its last replay (``rng_state_bytes`` each, see
 :meth:`rng_spans`).
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acstudio.capture.replay_rules import replay_rules
 from acstudio.profile.model import Profile
+from acstudio.profile.replay_rules import replay_rules
 
 FORWARD_REGIONS = ("forward", "loss")
 # Bytes of one saved generator state: the CPU's Mersenne Twister state, or a CUDA Philox seed and offset (a

@@ -3,7 +3,7 @@
 ``acstudio.apply_plan`` wraps each block that frees something in a non-reentrant ``torch.utils.checkpoint`` whose
 policy saves or recomputes whole *ops*. The blocks are the repeated ones (``layer1.0``, ``transformer.h.3``) and, for
 one rank under FSDP2/DDP, the modules around them (:func:`~acstudio.profile.blocks.sac_blocks`): a decoder's final
-norm and LM head hold about 80 MiB of activations at the loss, where its peak is. That form differs from the
+norm and LM head hold activations at the loss, where its peak is. That form differs from the
 rewritten graph's in three ways, all simulated here:
 
 * **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when any
@@ -37,8 +37,8 @@ from functools import cached_property
 
 import numpy as np
 
-from acstudio.capture.replay_rules import BATCH_NORM_OPS
 from acstudio.profile.model import Profile
+from acstudio.profile.replay_rules import BATCH_NORM_OPS
 from acstudio.simulate.modes import ReplayMode, register_mode
 from acstudio.simulate.replay import FORWARD_REGIONS, Replay
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
@@ -55,9 +55,9 @@ def is_op(node) -> bool:
 
 
 # Host time of one call of SAC's policy in eager (its dispatch mode runs Python for every op of a block that runs the
-# policy, in forward and in the replay). Calibrated on the H200 decoder (LLaMA bs8): every block under the policy ran
-# 81.8 ms against plain checkpoints' 51.4, for 1472 policy calls, 20.7 us each. ResNet-152 bs64 measured 48 us per
-# call (263.5 against 169.7 ms), so this is the lower of the two.
+# policy, in forward and in the replay): the step time every block under the policy adds over plain checkpoints,
+# divided by the policy calls, measured on a decoder and on a CNN on the GPU (docs/results.md); this is the lower of
+# the two, so the planner never overprices a policy.
 SAC_DISPATCH_MS = 0.0207
 
 
@@ -368,9 +368,9 @@ class ReplaySac(ReplayMode):
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         """Not in a block that runs a plain checkpoint: saving any op there makes eager run SAC's dispatch mode for
-        every op of the block, twice (the decoder under FSDP2 on 2 H200s: 130.2 ms against the plain checkpoint's
-        92.8). That is priced (:meth:`SacBlocks.dispatch_ms`) at more than one activation's replay saves, so the
-        fill does not try it one activation at a time."""
+        every op of the block, twice, which makes the step host-bound (docs/results.md measures it). That is priced
+        (:meth:`SacBlocks.dispatch_ms`) at more than one activation's replay saves, so the fill does not try it one
+        activation at a time."""
         blocks = sac_blocks(sim)
         b = blocks.act_block[k]
         return b in blocks.runs_policy(recomputed)

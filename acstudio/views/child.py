@@ -69,7 +69,7 @@ def child_main(argv: list[str]) -> int:
     if command == "list":
         return _run(_environment)
     device, out = args
-    from acstudio.profile.profiler import profile_workload
+    from acstudio.profiler import profile_workload
     from acstudio.workload import WorkloadSpec
 
     token = CancelToken()

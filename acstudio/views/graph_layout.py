@@ -201,9 +201,6 @@ class ModuleTree:
         path = self.paths[i]
         return [key_of(path[:d]) for d in range(1, len(path) + 1)]
 
-    def parent_key(self, key: str) -> str:
-        return key.rpartition(SEP)[0]
-
     def default_expansion(self, min_items: int = 8, limit: int = 40) -> frozenset[str]:
         """What the graph opens on: forward and backward show their top-level modules; then, as long as the
         pass stays within ``limit`` boxes, its biggest group opens while the pass shows fewer than

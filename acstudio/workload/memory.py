@@ -18,7 +18,8 @@ from torch.overrides import TorchFunctionMode
 
 from acstudio.errors import OutOfMemoryError
 from acstudio.units import format_bytes
-from acstudio.workload.spec import Workload, WorkloadSpec, build_workload
+from acstudio.workload.build import build_workload
+from acstudio.workload.spec import Workload, WorkloadSpec
 
 # Tensors of optimizer state per trainable parameter, as torch.optim keeps them.
 STATE_PER_PARAMETER = {"sgd": 1, "adam": 2, "adamw": 2}

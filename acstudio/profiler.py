@@ -26,7 +26,8 @@ from acstudio.capture.analysis import GraphAnalysis, analyze
 from acstudio.capture.serialize import serialize_step
 from acstudio.errors import ACStudioError, Cancelled, DeviceError, OutOfMemoryError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
-from acstudio.profile.model import CATEGORIES, HostLink, Profile
+from acstudio.profile.model import HostLink, Profile
+from acstudio.profile.vocabulary import CATEGORIES
 from acstudio.workload import WorkloadSpec
 from acstudio.workload.memory import build_fitting
 

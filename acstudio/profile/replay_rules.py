@@ -41,7 +41,7 @@ BATCH_NORM_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.defau
                   "aten._batch_norm_with_update.default"}
 # Random ops (tagged ``nondeterministic_seeded``) that draw numbers are replayed with the generator state their
 # forward drew with (see acstudio.rewrite.rewriter), so by default they are recomputable like any other op.
-# ``keep_random`` (``--keep-random``) restores the older rule: a random draw is never repeated. Under it,
+# ``keep_random`` (``--keep-random``) never repeats a random draw instead, for bitwise-exact randomness. Under it,
 # native_dropout is still replayed as ``native_dropout_backward(input, mask, scale)`` on the mask it drew in
 # forward (the same masked scale, no second draw), so the node is replayable while its mask output never is.
 RANDOM_REASON = "random op (recomputing would draw new random numbers)"
@@ -62,6 +62,18 @@ def blocked_reason(sid: str, holders: list[tuple[str, str, str]], creator_target
     return ""
 
 
+def random_verdict(target, args, kwargs, has_input: bool, keep_random: bool) -> str | None:
+    """The replay verdict of an op that draws random numbers (None if it draws none: an ordinary op); ``target`` is
+    a torch op, so torch is imported already."""
+    from acstudio.profile.ops import draws_random, target_name
+
+    if not draws_random(target, args, kwargs):
+        return None
+    if keep_random:
+        return "ok" if target_name(target) in DROPOUT_OPS else RANDOM_REASON
+    return "ok" if has_input else NO_GENERATOR_REASON
+
+
 @dataclass
 class ReplayRules:
     """Replay verdicts of a profile's nodes and activations under one random-op rule (see :func:`replay_rules`)."""
@@ -75,9 +87,9 @@ class ReplayRules:
 def replay_rules(profile: Profile, keep_random: bool = False) -> ReplayRules:
     """Node and activation replay verdicts of ``profile`` under the random-op rule ``keep_random``.
 
-    Random ops are judged again from the stored graph (their targets and scalar arguments), so a profile captured
-    under the older rule, when every op tagged ``nondeterministic_seeded`` was kept (SDPA at ``dropout_p == 0``
-    included), plans by the current one without profiling again. Every other verdict is the recorded one.
+    Random ops are judged again from the stored graph (their targets and scalar arguments), so a profile file that
+    recorded every op tagged ``nondeterministic_seeded`` as never replayable (SDPA at ``dropout_p == 0`` included)
+    plans by the current rule without profiling again. Every other verdict is the recorded one.
     """
     records = profile.graph.get("nodes") or [None] * len(profile.nodes)  # synthetic profiles store no graph
     node, draws = [], []
@@ -87,12 +99,10 @@ def replay_rules(profile: Profile, keep_random: bool = False) -> ReplayRules:
         if target is not None and nd.region in ("forward", "loss"):
             args = rec["args"]["$t"]  # a node's args are stored as a tuple
             has_input = any(isinstance(v, dict) and "$n" in v for v in _flat(args, rec["kwargs"]))
-            from acstudio.capture.analysis import random_verdict  # torch is imported already: target is an op
-
             random = random_verdict(target, args, rec["kwargs"], has_input, keep_random)
             if random is not None and random != "ok":
                 verdict = random
-            elif verdict.startswith("random op"):  # recorded under the older rule
+            elif verdict.startswith("random op"):  # recorded as never replayable: judged by the current rule
                 verdict = _state_write_reason(profile, nd) or "ok"
             draw = random is not None and verdict == "ok" and not keep_random
         node.append(verdict)
@@ -120,7 +130,7 @@ def _flat(args, kwargs) -> list:
 
 
 def _state_write_reason(profile: Profile, nd: NodeRecord) -> str:
-    """For an in-place random op recorded under the older rule: whether it writes a parameter, buffer or input."""
+    """For an in-place random op recorded as never replayable: whether it writes a parameter, buffer or input."""
     if not nd.target.split(".")[1].endswith("_") or not nd.storage:
         return ""
     created = profile.node_by_id[next(t.created_at for t in profile.tensors if t.id == nd.storage)]
@@ -135,7 +145,7 @@ def _random_op(name: str) -> torch._ops.OpOverload | None:
         return None
     import torch
 
-    from acstudio.capture.analysis import aten_op
+    from acstudio.profile.ops import aten_op
 
     op = aten_op(name)
     return op if op is not None and torch.Tag.nondeterministic_seeded in op.tags else None
