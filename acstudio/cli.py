@@ -279,11 +279,11 @@ def cmd_plan(args) -> int:
 
 
 def _load_profile_and_plan(args):
-    from acstudio.plan.model import Plan
+    from acstudio.plan.loading import load_plan
     from acstudio.profile.model import Profile
 
     profile = per_rank(Profile.load(args.profile), args)
-    plan = Plan.load(args.plan, profile=profile)
+    plan = load_plan(args.plan, profile=profile)
     if not plan.feasible:
         from acstudio.units import format_bytes
 

@@ -21,6 +21,7 @@ from acstudio.bench.measure import StorageTracker
 from acstudio.bench.runner import bench_args, run_worker
 from acstudio.bench.steps import enable_per_block, per_op_context, with_headroom
 from acstudio.bench.worker import run_config
+from acstudio.child_process import MARK
 from acstudio.errors import ACStudioError, Cancelled, DeviceError
 from acstudio.workload import WorkloadSpec, build_workload
 
@@ -282,7 +283,7 @@ def test_worker_reads_stdin_and_prints_one_json_line(tiny_mlp):
                           capture_output=True, text=True, timeout=120, check=True)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and "chatty model code" in proc.stderr
-    r = json.loads(lines[0])
+    r = json.loads(lines[0].removeprefix(MARK))["done"]
     assert r["status"] == "ok", r["message"]
     params = (64 * 256 + 256 + 256 + 1) * 4
     # resident when the step starts: parameters, last step's gradients, SGD momentum, the batch

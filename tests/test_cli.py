@@ -6,7 +6,7 @@ import pytest
 
 from acstudio import __version__
 from acstudio.cli import main
-from acstudio.plan.model import Plan
+from acstudio.plan.loading import load_plan
 from acstudio.profile.model import Profile
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_profiles" / "cpu_resnet18_bs16_sgd.json.gz"
@@ -27,7 +27,7 @@ def test_plan_verify_export_round_trip(tmp_path, capsys):
     assert main(["plan", str(SAMPLE), "--budget", "85%", "--out", str(plan_path),
                  "--schedule", str(tmp_path / "sched")]) == 0
     profile = Profile.load(SAMPLE)
-    plan = Plan.load(plan_path, profile=profile)
+    plan = load_plan(plan_path, profile=profile)
     assert plan.feasible and plan.recomputed and plan.predicted_peak_bytes <= 0.85 * profile.peak_bytes + 1
     assert (tmp_path / "sched" / "schedule.csv").is_file()
     assert main(["verify", str(SAMPLE), "--plan", str(plan_path), "--json", str(tmp_path / "v.json")]) == 0
@@ -56,7 +56,7 @@ def test_plan_for_a_replay_mode(tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     assert main(["plan", str(SAMPLE), "--budget", "95%", "--mode", "sac", "--out", str(plan_path)]) == 0
     assert "selective checkpointing per block" in capsys.readouterr().out
-    plan = Plan.load(plan_path, profile=Profile.load(SAMPLE))
+    plan = load_plan(plan_path, profile=Profile.load(SAMPLE))
     assert plan.replay_mode == "sac" and plan.feasible and plan.recomputed
 
 

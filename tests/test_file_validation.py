@@ -10,6 +10,7 @@ import pytest
 from acstudio.cli import main
 from acstudio.errors import CorruptFileError, PlanMismatchError, ProfileFileError, WrongSchemaError
 from acstudio.fileio import read_document
+from acstudio.plan.loading import load_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.solvers import plan
 from acstudio.profile.model import SCHEMA, SCHEMA_VERSION, Profile
@@ -169,7 +170,7 @@ def test_a_corrupt_plan_is_refused_with_one_line(sample, tmp_path, case):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(bad))
     with pytest.raises(CorruptFileError) as info:
-        Plan.load(path, profile)
+        load_plan(path, profile)
     message = str(info.value)
     assert message.startswith(f"{path}: corrupt plan: ") and "\n" not in message
     assert expected in message and message.endswith("— plan again")
@@ -178,10 +179,10 @@ def test_a_corrupt_plan_is_refused_with_one_line(sample, tmp_path, case):
 def test_a_good_plan_loads_unchanged_and_a_foreign_one_is_refused(sample, tmp_path):
     _, profile, good = sample
     good.save(tmp_path / "plan.json")
-    assert Plan.load(tmp_path / "plan.json", profile).to_dict() == good.to_dict()
+    assert load_plan(tmp_path / "plan.json", profile).to_dict() == good.to_dict()
     other = Profile.load(SAMPLES / "cpu_resnet18_bs4.json.gz")
     with pytest.raises(PlanMismatchError):
-        Plan.load(tmp_path / "plan.json", other)
+        load_plan(tmp_path / "plan.json", other)
 
 
 @pytest.mark.parametrize("gzipped", [False, True])

@@ -16,6 +16,7 @@ import pytest
 from acstudio.cli import main
 from acstudio.errors import ACStudioError
 from acstudio.fileio import read_document
+from acstudio.plan.loading import load_plan
 from acstudio.plan.model import SCHEMA as PLAN_SCHEMA
 from acstudio.plan.model import SCHEMA_VERSION as PLAN_VERSION
 from acstudio.plan.model import Plan
@@ -143,7 +144,7 @@ def test_fuzzed_plans_fail_cleanly_or_load_unchanged(base, tmp_path):
         path = tmp_path / f"plan{case}.json"
         path.write_text(json.dumps(mutated))
         try:
-            loaded = Plan.load(path, profile)
+            loaded = load_plan(path, profile)
         except ACStudioError as exc:
             _one_line_domain_error(exc, str(path))
             refused += 1

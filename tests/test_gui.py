@@ -23,7 +23,7 @@ from acstudio.gui.main_window import MainWindow
 from acstudio.gui.models import DataFrameModel, FilterProxy, fmt_bytes
 from acstudio.gui.qtcompat import make_singletons_immortal
 from acstudio.jobs import check
-from acstudio.plan.model import Plan
+from acstudio.plan.loading import load_plan
 from acstudio.profile.model import Profile
 from acstudio.profile.vocabulary import REGIONS
 from acstudio.units import format_bytes
@@ -355,7 +355,7 @@ def test_plan_files_round_trip_through_save_and_open(qtbot, window, tiny_profile
     saved = window.session.state.plan
     path = tmp_path / "plan.json.gz"
     window.save_plan(str(path))
-    loaded = Plan.load(path, window.session.loaded.profile)
+    loaded = load_plan(path, window.session.loaded.profile)
     assert loaded.recomputed == saved.recomputed and loaded.predicted_peak_bytes == saved.predicted_peak_bytes
     # back to the top, then open the plan file: the window shows that plan again
     window.budget.slider.setValue(window.budget.slider.maximum())

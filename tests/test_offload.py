@@ -14,10 +14,10 @@ from acstudio.capture import capture_step
 from acstudio.cli import main
 from acstudio.errors import CorruptFileError
 from acstudio.plan import plan as make_plan
+from acstudio.plan.loading import check_plan_derivation, load_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.peak import explain_peak
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.validation import check_plan_derivation
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
 from acstudio.profiler import measure_host_link
 from acstudio.rewrite import offload as runtime_module
@@ -156,7 +156,7 @@ def test_plan_with_offload_round_trips_and_rewrites_as_planned(tmp_path):
     assert plan.predicted_extra_ms == pytest.approx(
         simulate_plan(sim, plan.recomputed, "again", plan.offloaded).extra_ms)
     plan.save(tmp_path / "plan.json")
-    back = Plan.load(tmp_path / "plan.json", profile)
+    back = load_plan(tmp_path / "plan.json", profile)
     assert back.offloaded == plan.offloaded and back.decisions(profile)[plan.offloaded[0]] == "offload"
     new = rewrite(step, profile, back)
     assert {o.activation for o in new.offloads} == set(plan.offloaded)

@@ -7,7 +7,7 @@ from acstudio.bench import runner
 from acstudio.bench.configs import BenchConfig
 from acstudio.plan.baselines import MATMULS, is_attention, per_op
 from acstudio.plan.compiled import CompiledTimes, compiled_context, compiled_offset, is_library_kernel, plan_compiled
-from acstudio.plan.model import Plan
+from acstudio.plan.loading import load_plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
@@ -67,7 +67,7 @@ def test_more_compiled_memory_buys_a_faster_plan_that_fits_it(ctx, tmp_path):
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
     # the offset travels with the plan file and its feasibility is checked against the compiled peak
     plans[0].save(tmp_path / "plan.json")
-    loaded = Plan.load(tmp_path / "plan.json", profile=ctx.profile, context=ctx)
+    loaded = load_plan(tmp_path / "plan.json", profile=ctx.profile, context=ctx)
     assert loaded.compiled_peak_bytes == plans[0].compiled_peak_bytes and loaded.feasible
 
 
@@ -102,7 +102,7 @@ def test_compiled_times_are_calibrated_on_compile_per_block(ctx, tmp_path):
     assert 0 < compiled_sac[2] < eager_sac[2]  # ops after the last one backward reads are not replayed
     # the eager prediction stays what the profile gives; the compiled one travels with the file
     floor.save(tmp_path / "plan.json")
-    loaded = Plan.load(tmp_path / "plan.json", profile=ctx.profile, context=ctx)
+    loaded = load_plan(tmp_path / "plan.json", profile=ctx.profile, context=ctx)
     assert loaded.compiled_extra_ms == floor.compiled_extra_ms and loaded.predicted_extra_ms == floor.predicted_extra_ms
 
 

@@ -11,7 +11,7 @@ from test_simulator import build_profile, chain_profile, random_profile, tiny_re
 
 from acstudio.errors import ACStudioError, Cancelled, PlanMismatchError, ProfileFileError
 from acstudio.jobs import CancelToken
-from acstudio.plan import Plan, candidates, format_bytes, mutwo_trajectory, parse_budget, plan, sweep
+from acstudio.plan import Plan, candidates, format_bytes, load_plan, mutwo_trajectory, parse_budget, plan, sweep
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers.mutwo import BASELINE_FITS, BUDGET_MET, EXHAUSTED
 from acstudio.simulate import Simulator
@@ -104,11 +104,11 @@ def test_plan_file_round_trip_and_mismatch(tmp_path):
     pl = plan(p, 800)
     for name in ("plan.json", "plan.json.gz"):
         pl.save(tmp_path / name)
-        back = Plan.load(tmp_path / name, profile=p)
+        back = load_plan(tmp_path / name, profile=p)
         assert back == pl
     other = random_profile(3)
     with pytest.raises(PlanMismatchError, match="made for graph"):
-        Plan.load(tmp_path / "plan.json", profile=other)
+        load_plan(tmp_path / "plan.json", profile=other)
     with pytest.raises(PlanMismatchError):
         pl.decisions(other)
     p.save(tmp_path / "profile.json.gz")
@@ -194,7 +194,7 @@ def test_real_profile_end_to_end(tmp_path):
     assert kept.keep_random and not pl.keep_random
     assert any(d.startswith("not a candidate: ") and "random" in d for d in kept.decisions(p).values())
     pl.save(tmp_path / "plan.json")
-    assert Plan.load(tmp_path / "plan.json", profile=p).recomputed == pl.recomputed
+    assert load_plan(tmp_path / "plan.json", profile=p).recomputed == pl.recomputed
     table = sweep(p, simulator=sim, milp_points=3, milp_time_s=3)  # both programs, top, middle and floor
     assert set(table.solver) == {"auto", "mutwo", "blocks", "keep-all", "recompute-all", "per-module", "sqrt-n",
                                  "per-op", "milp", "milp-bound"}

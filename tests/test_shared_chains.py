@@ -11,7 +11,7 @@ from conftest import tiny_spec
 from test_rewrite import captured, check_accounting, quick_profile, run_from
 
 from acstudio.capture import capture_step
-from acstudio.plan import Plan, mutwo_trajectory, plan
+from acstudio.plan import Plan, load_plan, mutwo_trajectory, plan
 from acstudio.rewrite import rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
 from acstudio.simulate.modes import simulate_plan
@@ -98,15 +98,15 @@ def test_replay_mode_is_saved_and_old_files_load(tmp_path):
     chosen = ctx.sim.indices(plan(profile, budget).recomputed)
     for mode, legacy in (("shared", True), ("again", False)):
         ctx.plan_for_set("mutwo", budget, chosen, mode=mode).save(tmp_path / "p.json")  # loading re-derives it
-        assert Plan.load(tmp_path / "p.json", profile).replay_mode == mode
+        assert load_plan(tmp_path / "p.json", profile).replay_mode == mode
         doc = json.loads((tmp_path / "p.json").read_text())
         del doc["replay_mode"]
         doc["share_chains"] = legacy  # files from before replay modes had names
         (tmp_path / "old.json").write_text(json.dumps(doc))
-        assert Plan.load(tmp_path / "old.json", profile).replay_mode == mode
+        assert load_plan(tmp_path / "old.json", profile).replay_mode == mode
     del doc["share_chains"]
     (tmp_path / "older.json").write_text(json.dumps(doc))
-    assert Plan.load(tmp_path / "older.json", profile).replay_mode == "again"
+    assert load_plan(tmp_path / "older.json", profile).replay_mode == "again"
 
 
 def test_fast_on_the_resnet152_sample():

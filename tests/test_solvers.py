@@ -137,7 +137,7 @@ def test_no_solver_name_is_written_outside_its_package():
 
 def test_a_plan_carries_its_simulation_and_is_simulated_once(monkeypatch, tmp_path):
     import acstudio.plan.schedule as schedule
-    from acstudio.plan.model import Plan
+    from acstudio.plan import load_plan
     from acstudio.plan.peak import explain_peak
 
     p = random_profile(3, n_forward=12)
@@ -154,7 +154,7 @@ def test_a_plan_carries_its_simulation_and_is_simulated_once(monkeypatch, tmp_pa
     # never saved: the file reads back as the plan without it
     assert "simulation" not in best.to_dict()
     best.save(tmp_path / "plan.json")
-    again = Plan.load(tmp_path / "plan.json", p)
+    again = load_plan(tmp_path / "plan.json", p)
     assert again == best and again.simulation is None
 
 

@@ -13,10 +13,6 @@ import json
 import os
 import re
 import shlex
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +23,7 @@ import torch
 from acstudio import __version__
 from acstudio.bench.configs import BenchConfig, expand_configs
 from acstudio.bench.results import BenchResults, base_row, parse_size
+from acstudio.child_process import ChildFailed, ChildTimedOut, run_child
 from acstudio.errors import ACStudioError, DeviceError
 from acstudio.fileio import write_text
 from acstudio.jobs import CancelToken, ProgressFn, check, report
@@ -34,7 +31,6 @@ from acstudio.workload import WorkloadSpec
 
 # The configurations whose largest batch within a memory budget is searched (when they are benchmarked).
 FIT_KINDS = ("eager", "per-block", "rewritten")
-_LOG_TAIL = 2000
 
 
 def search_max_batch(fits: Callable[[int], bool], start: int, limit: int) -> int:
@@ -87,66 +83,35 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill the worker and whatever it started (torch.compile's compile workers share its process group)."""
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:  # pragma: no cover - Windows
-            proc.kill()
-    except ProcessLookupError:
-        pass
-    proc.communicate()
-
-
 def run_worker(cfg: dict[str, Any], stem: Path, *, timeout_s: float, cancel: CancelToken | None = None
                ) -> dict[str, Any]:
     """Run one worker on ``cfg``, keeping ``STEM.json`` (its input) and ``STEM.log`` (its stderr).
 
-    A worker that crashes, hangs past ``timeout_s`` or prints no result still yields an error row. The
+    A worker that crashes, hangs past ``timeout_s`` or reports no result still yields an error row. The
     process is killed on cancellation (:class:`~acstudio.errors.Cancelled` raised) and on Ctrl-C.
     """
     stem.parent.mkdir(parents=True, exist_ok=True)
     cfg_path, log_path = stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.log"
     write_text(cfg_path, json.dumps(cfg, indent=1))
-    deadline = time.monotonic() + timeout_s
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(worker_command(cfg, cfg_path),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
-                                start_new_session=True)
-        try:
-            while True:
-                try:
-                    stdout, _ = proc.communicate(timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    check(cancel)
-                    if time.monotonic() > deadline:
-                        _kill(proc)
-                        return base_row(cfg) | {"status": "error", "message": f"timed out after {timeout_s:g} s",
-                                                "log": str(log_path)}
-        except BaseException:  # cancelled or Ctrl-C: the worker has a session of its own and would outlive us
-            _kill(proc)
-            raise
-    lines = stdout.strip().splitlines()
     try:
-        row = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = log_path.read_text(encoding="utf-8", errors="replace")[-_LOG_TAIL:].strip()
+        row = run_child(worker_command(cfg, cfg_path), cancel=cancel, timeout_s=timeout_s, log=log_path,
+                        what="the worker")
+    except ChildTimedOut:
+        return base_row(cfg) | {"status": "error", "message": f"timed out after {timeout_s:g} s", "log": str(log_path)}
+    except ChildFailed as exc:
         return base_row(cfg) | {"status": "error", "log": str(log_path),
-                                "message": f"worker exited with status {proc.returncode} and no result: {tail}"}
+                                "message": f"worker exited with status {exc.exit_code} and no result: {exc.log_tail}"}
     row["log"] = str(log_path)
     return row
 
 
 def worker_command(cfg: dict[str, Any], cfg_path: Path) -> list[str]:
-    """One process, or ``torchrun`` with ``nproc`` ranks on this host to measure an ``fsdp+``/``ddp+``
-    configuration."""
+    """The worker's Python arguments: one process, or ``torchrun`` with ``nproc`` ranks on this host to measure
+    an ``fsdp+``/``ddp+`` configuration."""
     worker = ["-m", "acstudio.bench.worker", str(cfg_path)]
     if BenchConfig.parse(cfg["config"]).parallel is None or cfg.get("task") == "plan":
-        return [sys.executable, *worker]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(cfg.get("nproc", 1)), *worker]
+        return worker
+    return ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(cfg.get("nproc", 1)), *worker]
 
 
 class _Bench:

@@ -1,6 +1,7 @@
 """Measure ONE benchmark configuration in this process and print one JSON result line.
 
-Usage: ``python -m acstudio.bench.worker [CONFIG.json | '{...}']`` (or the JSON on stdin). The config holds
+Usage: ``python -m acstudio.bench.worker [CONFIG.json | '{...}']`` (or the JSON on stdin); it reports the row
+as the ``done`` message of :mod:`acstudio.child_process`. The config holds
 ``spec`` (a WorkloadSpec dict), ``config`` (e.g. ``"per-block"``), ``device``, ``warmup``, ``iters`` and
 optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's resolved budget),
 ``compiled_per_block_peak`` (compile+per-block's measured peak, which calibrates a compiled plan),
@@ -11,8 +12,8 @@ With ``"task": "plan"`` it runs a planned configuration's profiling and planning
 (:func:`acstudio.bench.steps.plan_ahead`), in a process before the measuring one.
 
 Running out of memory is a result (``"status": "oom"``), any other failure is ``"status": "error"`` with
-the message; either way the line is printed and the exit status is 0. Everything else the libraries print
-goes to stderr, so stdout carries exactly the one line.
+the message; either way the row is reported and the exit status is 0. Everything else the libraries print
+goes to stderr, so stdout carries exactly the one message.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from acstudio.bench.measure import (
 )
 from acstudio.bench.results import base_row
 from acstudio.bench.steps import Request, plan_ahead, prepare
+from acstudio.child_process import emit, stdout_for_messages
 from acstudio.errors import DeviceError
 from acstudio.workload import WorkloadSpec
 
@@ -165,23 +167,15 @@ def read_config(argv: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the row (under torchrun: rank 0 prints it; a failing rank exits 1 so torchrun stops the job)."""
+    """Report the row (under torchrun: rank 0 reports it; a failing rank exits 1 so torchrun stops the job)."""
     cfg = read_config(list(sys.argv[1:] if argv is None else argv))
     rank = int(os.environ.get("RANK", "0"))
-    # Route everything printed while measuring (also by C++ code) to stderr; stdout gets only the result.
-    saved = os.dup(1)
-    sys.stdout.flush()
-    os.dup2(2, 1)
-    try:
+    with stdout_for_messages():  # what the libraries print while measuring (also from C++) goes to stderr
         row = run_config(cfg)
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    if rank == 0:
-        print(json.dumps(row), flush=True)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        if rank == 0:
+            emit({"done": row})
     return 0 if row["status"] == "ok" or "RANK" not in os.environ else 1
 
 

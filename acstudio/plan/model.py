@@ -30,12 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from acstudio.errors import PlanMismatchError
 from acstudio.fileio import read_document, write_document, write_text
-from acstudio.plan.validation import check_plan_against, check_plan_derivation, validate_plan
+from acstudio.plan.validation import validate_plan
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from acstudio.plan.schedule import PlanContext
     from acstudio.profile.model import Profile
     from acstudio.simulate.simulator import SimResult
 
@@ -168,17 +167,10 @@ class Plan:
         write_document(path, SCHEMA, SCHEMA_VERSION, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, profile: Profile | None = None, context: PlanContext | None = None
-             ) -> Plan:
-        """Read a plan; with ``profile``, refuse it unless it was made for that profile's graph, every id it names
-        exists there and its schedule and predictions are what that profile gives (``context``: the profile's
-        plan context, if one is at hand, saves simulating it again)."""
-        plan = cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
-        if profile is not None:
-            plan.check_profile(profile)
-            check_plan_against(plan, profile, path)
-            check_plan_derivation(plan, profile, path, context)
-        return plan
+    def load(cls, path: str | os.PathLike) -> Plan:
+        """Read a plan, checked against its schema and itself; :func:`acstudio.plan.loading.load_plan` also checks
+        it against the profile it is for."""
+        return cls.from_dict(read_document(path, SCHEMA, SCHEMA_VERSION), path)
 
     # -- tables ---------------------------------------------------------------------------------------------
     def schedule_df(self) -> pd.DataFrame:

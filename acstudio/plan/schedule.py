@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from acstudio.plan.model import Plan, ScheduleEntry
-from acstudio.plan.validation import use_planner
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import REPLAY_MODES, get_mode, simulate_plan
 from acstudio.simulate.offload import OffloadSchedule
@@ -140,6 +139,3 @@ def offload_fields(rg, offload: OffloadSchedule | None) -> dict[str, Any]:
     return {"offloaded": [rg.act_ids[k] for k in order], "offload_bytes": offload.moved_bytes,
             "offload_stall_ms": offload.stall_ms, "host_bytes": offload.host_bytes}
 
-
-# Plan.load re-derives a plan against its profile with this context (see acstudio.plan.validation).
-use_planner(lambda profile, keep_random: PlanContext(profile, Simulator(profile, keep_random=keep_random)))

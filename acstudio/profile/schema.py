@@ -7,7 +7,7 @@ node table describes the stored graph, and the graph hashes to the fingerprint s
 layer reports the first problem as ONE line that names the file, the field path and what is wrong, e.g.
 ``profile.json: corrupt profile: nodes[17].inputs[0] = 'n99999' names no node — profile the model again``;
 the planner, simulator, rewriter and GUI can then index by id without guarding every lookup. A plan loaded
-with its profile is also simulated again (:func:`check_plan_derivation`).
+with its profile is also simulated again (:func:`acstudio.plan.loading.check_plan_derivation`).
 
 Bounds: sizes are whole bytes in ``[0, 2**53]`` (exact in float64, 8 PiB; no device has more), times
 milliseconds in ``[0, 1e9]`` (11 days per node: larger is a broken file, and sums of such values overflow).

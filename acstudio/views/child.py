@@ -6,37 +6,19 @@ Building, tracing and measuring a model holds the GIL for long stretches (loadin
 either would stall the window. A child process runs on another core, frees every byte of GPU memory when it
 ends, can be killed if it stops answering a cancel, and cannot take the window down if the model crashes.
 
-Protocol: ``python -m acstudio.views.child COMMAND ARGS``; for ``profile`` the parent writes the workload spec as
-one JSON line on stdin, then ``cancel`` to cancel. The child answers with lines ``@acstudio {json}`` on stdout
-(``progress``, then one of ``done``, ``cancelled``, ``error``); any other output (the user's model may print)
-is ignored. No Qt in here.
+Each runs as ``python -m acstudio.views.child COMMAND ARGS`` and talks to the window's worker thread through
+:mod:`acstudio.child_process`; for ``profile`` the workload spec is the task on stdin. No Qt in here.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import queue
-import subprocess
 import sys
-import threading
-import time
-import traceback
 from typing import Any
 
-from acstudio.errors import ACStudioError, Cancelled
-from acstudio.jobs import CancelToken, ProgressFn, report
+from acstudio.child_process import cancel_on_request, emit, read_task, run_child, send_progress, serve
+from acstudio.jobs import CancelToken, ProgressFn
 
-MARK = "@acstudio "
 CANCEL_GRACE_S = 2.0  # how long a cancelled child may take to stop (it checks every few nodes) before it is killed
-
-
-class ChildError(Exception):
-    """An unexpected error in the child; ``details`` is its traceback there."""
-
-    def __init__(self, message: str, details: str) -> None:
-        super().__init__(message)
-        self.details = details
 
 
 def cuda_devices() -> list[tuple[str, str]]:
@@ -48,49 +30,27 @@ def cuda_devices() -> list[tuple[str, str]]:
     return [(f"cuda:{i}", f"cuda:{i} – {torch.cuda.get_device_name(i)}") for i in range(torch.cuda.device_count())]
 
 
-def _emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(MARK + json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-def _watch_stdin(token: CancelToken) -> None:
-    """Cancel when the parent says so, or when it goes away (stdin closed)."""
-    for line in sys.stdin:
-        if line.strip() == "cancel":
-            break
-    token.cancel()
-
-
 def child_main(argv: list[str]) -> int:
     """``profile DEVICE OUT`` (spec on stdin), ``list`` or ``sweep PROFILE``."""
     command, args = argv[0], argv[1:]
     if command == "sweep":
-        return _run(lambda: {"rows": _sweep_rows(args[0])})  # what sets the floor comes first, as its own line
+        return serve(lambda: {"rows": _sweep_rows(args[0])})  # what sets the floor comes first, as its own line
     if command == "list":
-        return _run(_environment)
+        return serve(_environment)
     device, out = args
+    return serve(lambda: _profile(read_task(), device, out))
+
+
+def _profile(spec: dict[str, Any], device: str, out: str) -> str:
     from acstudio.profiler import profile_workload
     from acstudio.workload import WorkloadSpec
 
     token = CancelToken()
-    spec = WorkloadSpec.from_dict(json.loads(sys.stdin.readline()))
-    threading.Thread(target=_watch_stdin, args=(token,), daemon=True).start()
-    try:
-        profile = profile_workload(spec, device=device, cancel=token,
-                                   progress=lambda d, t, m: _emit({"progress": [d, t, m]}),
-                                   on_memory=lambda start, peaks, n: _emit({"memory": [start, peaks, n]}))
-        profile.save(out)
-    except Cancelled:
-        _emit({"cancelled": True})
-        return 3
-    except ACStudioError as exc:
-        _emit({"error": str(exc)})
-        return 2
-    except Exception as exc:  # reported to the window with its traceback, never a silent exit
-        _emit({"error": f"{type(exc).__name__}: {exc}", "details": traceback.format_exc()})
-        return 1
-    _emit({"done": out})
-    return 0
+    cancel_on_request(token)
+    profile = profile_workload(WorkloadSpec.from_dict(spec), device=device, cancel=token, progress=send_progress,
+                               on_memory=lambda start, peaks, n: emit({"memory": [start, peaks, n]}))
+    profile.save(out)
+    return out
 
 
 def _environment() -> dict[str, Any]:
@@ -120,134 +80,28 @@ def _sweep_rows(profile_path: str) -> list[dict[str, Any]]:
 
     profile = Profile.load(profile_path)
     ctx = PlanContext(profile)
-    _emit({"floor": floor_sentence(ctx)})
+    emit({"floor": floor_sentence(ctx)})
     curves = rows([s for s in SOLVERS if s != TRAJECTORY_SOLVER and not SOLVERS[s].exact])
-    _emit({"rows": curves})
+    emit({"rows": curves})
     return curves + rows([s for s in SOLVERS if SOLVERS[s].exact])
-
-
-def _run(fn) -> int:
-    """Emit ``{"done": fn()}`` or the error, for the commands without progress or cancel."""
-    try:
-        result = fn()
-    except ACStudioError as exc:
-        _emit({"error": str(exc)})
-        return 2
-    except Exception as exc:
-        _emit({"error": f"{type(exc).__name__}: {exc}", "details": traceback.format_exc()})
-        return 1
-    _emit({"done": result})
-    return 0
-
-
-def _start(args: list[str]) -> tuple[subprocess.Popen, queue.Queue]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "acstudio.views.child", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
-    lines: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return proc, lines
-
-
-def _messages(proc: subprocess.Popen, lines: queue.Queue, cancel: CancelToken | None, log: list[str]):
-    """Yield the child's messages; on cancel, ask it to stop, then kill it if it does not."""
-    asked = None
-    while True:
-        if cancel is not None and cancel.cancelled and asked is None:
-            asked = time.monotonic()
-            try:
-                proc.stdin.write("cancel\n")
-                proc.stdin.flush()
-            except OSError:
-                pass
-        if asked is not None and time.monotonic() - asked > CANCEL_GRACE_S:
-            proc.kill()
-            proc.wait()
-            raise Cancelled("cancelled by the user (the profiling process was stopped)")
-        try:
-            line = lines.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        if line is None:
-            return
-        if line.startswith(MARK):
-            yield json.loads(line[len(MARK):])
-        else:
-            log.append(line)
-            del log[:-200]
-
-
-def _finish(proc: subprocess.Popen, messages: list[dict[str, Any]], log: list[str]) -> dict[str, Any]:
-    code = proc.wait()
-    last = messages[-1] if messages else {}
-    if "cancelled" in last:
-        raise Cancelled("cancelled by the user")
-    if "error" in last:
-        if last.get("details"):
-            raise ChildError(last["error"], last["details"])
-        raise ACStudioError(last["error"])
-    if code != 0 or not last:
-        tail = "".join(log[-20:]).strip()
-        raise ACStudioError(f"the profiling process ended unexpectedly (exit code {code})"
-                            + (f":\n{tail}" if tail else ""))
-    return last
 
 
 def profile_in_child(spec: dict[str, Any], device: str, out: str, progress: ProgressFn | None = None,
                      cancel: CancelToken | None = None, on_memory=None) -> None:
     """Profile the workload ``spec`` (``WorkloadSpec.to_dict()``) on ``device`` in a child process that saves
     the profile to ``out``; ``on_memory(start, peaks, n_nodes)`` receives the memory curve as it is measured."""
-    proc, lines = _start(["profile", device, out])
-    log: list[str] = []
-    received: list[dict[str, Any]] = []
-    try:
-        proc.stdin.write(json.dumps(spec) + "\n")
-        proc.stdin.flush()
-        for message in _messages(proc, lines, cancel, log):
-            if "progress" in message:
-                report(progress, *message["progress"])
-            elif "memory" in message:
-                if on_memory is not None:
-                    on_memory(*message["memory"])
-            else:
-                received.append(message)
-        _finish(proc, received, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    def forward(message: dict[str, Any]) -> None:
+        if "memory" in message and on_memory is not None:
+            on_memory(*message["memory"])
 
-
-def _call(args: list[str], cancel: CancelToken | None, on_message=None) -> Any:
-    """Run a child command that needs no input; return what it reported as done. ``on_message`` receives the
-    messages before that (not progress, not the end)."""
-    proc, lines = _start(args)
-    log: list[str] = []
-    received: list[dict[str, Any]] = []
-    try:
-        proc.stdin.close()
-        for message in _messages(proc, lines, cancel, log):
-            if on_message is not None and not {"done", "error", "cancelled"} & message.keys():
-                on_message(message)
-            else:
-                received.append(message)
-        return _finish(proc, received, log)["done"]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    run_child(["-m", "acstudio.views.child", "profile", device, out], task=spec, progress=progress,
+              on_message=forward, cancel=cancel, cancel_grace_s=CANCEL_GRACE_S, what="the profiling process")
 
 
 def probe_environment(progress: ProgressFn | None = None, cancel: CancelToken | None = None) -> dict[str, Any]:
     """Model names, CUDA devices, optimizers and precisions, found in a child process so that the window never
     loads torch itself."""
-    return _call(["list"], cancel)
+    return run_child(["-m", "acstudio.views.child", "list"], cancel=cancel, what="the environment probe")
 
 
 def sweep_in_child(profile_path: str, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
@@ -262,7 +116,8 @@ def sweep_in_child(profile_path: str, progress: ProgressFn | None = None, cancel
         if "rows" in message and on_rows is not None:
             on_rows(message["rows"])
 
-    return _call(["sweep", str(profile_path)], cancel, forward)["rows"]
+    return run_child(["-m", "acstudio.views.child", "sweep", str(profile_path)], on_message=forward, cancel=cancel,
+                     what="the sweep process")["rows"]
 
 
 if __name__ == "__main__":

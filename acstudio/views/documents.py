@@ -16,6 +16,7 @@ import pandas as pd
 
 from acstudio.errors import ACStudioError, WrongSchemaError
 from acstudio.jobs import CancelToken, ProgressFn, check, report
+from acstudio.plan.loading import load_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import trajectory
@@ -76,7 +77,7 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
         profile = Profile.load(path)
     except WrongSchemaError as profile_error:  # another kind of document: its own loader says what is wrong
         try:
-            found = Plan.load(path, *((current.profile, current.ctx) if current is not None else ()))
+            found = load_plan(path, *((current.profile, current.ctx) if current is not None else ()))
         except WrongSchemaError:
             from acstudio.bench.results import BenchResults  # imports torch: only for a benchmark file
 
