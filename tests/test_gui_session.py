@@ -298,7 +298,7 @@ def test_box_fills_mix_kept_recomputed_and_offloaded_by_bytes():
 
 def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtbot, loaded, gpu_loaded):
     from acstudio.gui.timeline import GIB, TimelineView
-    from acstudio.views.timeline import copy_spans
+    from acstudio.views.timeline import COPIED_BACK, ON_HOST, copy_spans
 
     session = Session()
     timeline = TimelineView(session)
@@ -319,6 +319,12 @@ def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtb
     assert 0 < timeline.host_bytes.max() <= offload.host_bytes
     _x, y = timeline.host_curve.getOriginalDataset()
     assert y.max() == pytest.approx(timeline.host_bytes.max() / GIB)
+    # an offloaded activation's lifetime: gone from the device once its copy out ends, back from the copy back
+    j = int(np.argmax(offload.bytes))
+    act = gpu_loaded.profile.activations[offload.offloaded[j]]
+    session.select(act.created_at, act.id)
+    marks = dict(timeline.lifetime)
+    assert marks[ON_HOST] == offload.release[j] and marks[COPIED_BACK] == offload.prefetch[j]
     # the other axis draws the same copies there
     timeline.axis_choice.setCurrentIndex(1 - timeline.axis_choice.currentIndex())
     assert np.array_equal(timeline.copy_bars["d2h"].opts["x0"],

@@ -171,7 +171,7 @@ class BudgetPanel(QWidget):
         text = "fits the budget" if feasible else "does not fit"
         # the headline already says whether the budget is met: keep only what the reason adds
         for said in ("budget met", "budget not met"):
-            reason = reason.removeprefix(said).lstrip(";, ")
+            reason = reason.removeprefix(said).lstrip(";:, ")
         # what followed it in parentheses ("budget met (mutwo's plan)") goes in the one pair around the detail
         aside, close, rest = reason.partition(")")
         if reason.startswith("(") and close:

@@ -50,7 +50,7 @@ CATEGORY_COLOURS = {
 LIFETIME_COLOUR = (20, 20, 20)
 SPAN_BRUSH = (0, 170, 120, 45)
 LANES = {"d2h": (1.5, "to host"), "h2d": (0.5, "to device")}  # copy lane -> (its row in the lanes plot, label)
-LANES_PX, HOST_PX, LEFT_AXIS_PX = 46, 80, 52  # the link plots' heights; one axis width keeps the three aligned
+LANES_PX, HOST_PX, LEFT_AXIS_PX = 56, 80, 64  # the link plots' heights; one axis width keeps the three aligned
 REGION_BANDS = {"forward": (90, 150, 230, 28), "loss": (240, 200, 90, 40), "backward": (90, 200, 130, 28),
                 "optimizer": (180, 130, 220, 28)}
 

@@ -38,12 +38,10 @@ def link_note(profile: Profile) -> str:
     link = profile.host_link
     if not on_gpu(profile) or (link is not None and link.measured and link.host_free_bytes is not None):
         return ""
+    default = f"{DEFAULT_LINK_GB_S:g} GB/s each way, {format_bytes(DEFAULT_HOST_FREE_BYTES)} of free host memory"
     if link is None:
-        return (f"host link not measured in this profile: offload is priced with the stated default, "
-                f"{DEFAULT_LINK_GB_S:g} GB/s each way and {format_bytes(DEFAULT_HOST_FREE_BYTES)} of free host memory "
-                "(profile on the device to measure it)")
-    return ("host link partly measured in this profile: offload is priced with the stated default where a value "
-            f"is missing ({DEFAULT_LINK_GB_S:g} GB/s, {format_bytes(DEFAULT_HOST_FREE_BYTES)} of free host memory)")
+        return f"host link not measured in this profile: offload is priced with the stated default ({default})"
+    return f"host link partly measured in this profile: the stated default ({default}) fills in what is missing"
 
 
 def plan_offload_text(plan: Plan) -> str:
