@@ -197,9 +197,10 @@ class GraphView(QWidget):
         find.addWidget(self.matches_label)
         legend = QLabel(
             f'<span style="color:{RETAINED.name()}">■</span> kept '
-            f'<span style="color:{_mix(RETAINED, RECOMPUTED, 0.5).name()}">■</span> mixed '
             f'<span style="color:{RECOMPUTED.name()}">■</span> recomputed '
-            f'<span style="color:{OFFLOADED.name()}">■</span> offloaded to host (mixed by bytes) '
+            f'<span style="color:{OFFLOADED.name()}">■</span> offloaded to host, mixed by bytes '
+            f'<span style="color:{_mix(RETAINED, RECOMPUTED, 0.5).name()}">■</span>'
+            f'<span style="color:{_mix(_mix(RETAINED, RECOMPUTED, 0.5), OFFLOADED, 1 / 3).name()}">■</span> '
             f'<span style="color:{REPLAYED.name()}">■</span> re-run in backward '
             f'<span style="color:{INSERTED.name()}">□</span> recomputation inserted before')
         legend.setWordWrap(True)
