@@ -542,6 +542,20 @@ def test_benchmark_runs_in_background_and_shows_measurements(qtbot, window, tiny
     assert saved.rows[0]["peak_bytes"] == window.bench_results.rows[0]["peak_bytes"]
 
 
+def test_a_cancelled_benchmark_leaves_no_results_folder(qtbot, window, tiny_profile_path):
+    open_and_wait(qtbot, window, tiny_profile_path)
+    settings = {"batch_sizes": [16], "configs": ["eager", "captured"], "device": "cpu", "warmup": 1, "iters": 3,
+                "fit_budget": None}
+    window.start_bench(settings)
+    bench = window.data_dir / "bench"
+    qtbot.waitUntil(lambda: any(bench.rglob("*.log")), timeout=60_000)  # a worker runs: the folder is written
+    with qtbot.waitSignal(window.runners["bench"].cancelled, timeout=60_000):
+        window.cancel_button.click()
+    assert not bench.exists()  # nor the data folder, which the run created too
+    assert not window.data_dir.exists()
+    assert window.status_label.text() == "bench: cancelled" and window.bench_results is None
+
+
 def test_committed_h200_benchmark_opens_as_measured_points_on_its_profile(qtbot, window, tmp_path):
     root = Path(__file__).resolve().parents[1]
     open_and_wait(qtbot, window, root / "sample_profiles" / "h200_resnet152_bs64_adam.json.gz")

@@ -12,7 +12,7 @@ import pytest
 
 from acstudio.plan import schedule, solvers
 from acstudio.plan.solvers.mutwo import Trajectory
-from acstudio.profile.model import Profile
+from acstudio.profile.model import HostLink, Profile
 from acstudio.views.documents import prepare
 from acstudio.views.session import Session
 
@@ -207,3 +207,159 @@ def test_table_and_inspector_follow_plan_selection_and_span(qtbot, session, load
     session.select_span(1, 0)
     table.view.selectRow(table.proxy.mapFromSource(table.model.index(table.model.row_of(other.id), 0)).row())
     assert session.selected_activation == other.id
+
+
+# -- offload: a third decision where the profile's device has a host link ------------------------------------
+
+def on_gpu(profile: Profile, link: HostLink | None) -> Profile:
+    """The profile as if measured on a GPU with ``link`` (a CPU profile plans no offload: its device memory is the
+    host's)."""
+    return dataclasses.replace(profile, environment={**profile.environment, "device_type": "cuda"}, host_link=link)
+
+
+MEASURED_LINK = HostLink(d2h_gb_s=55.0, h2d_gb_s=54.0, duplex_gb_s=49.0, host_free_bytes=64 * 2**30)
+
+
+@pytest.fixture(scope="module")
+def gpu_loaded():
+    return prepare(on_gpu(Profile.load(SAMPLE), MEASURED_LINK), "gpu.json.gz")
+
+
+def test_the_resting_plan_offloads_on_a_gpu_and_never_on_a_cpu(loaded, gpu_loaded):
+    gpu, cpu = Session(), Session()
+    seen = recorder(gpu)
+    gpu.set_loaded(gpu_loaded)
+    cpu.set_loaded(loaded)
+    assert gpu.budget == cpu.budget  # the same graph and budget: only the device differs
+    # the slider's preview is a lookup on μ-TWO's recompute-only trajectory; the resting plan also weighs offload
+    preview, rested = seen["plan"]
+    assert not preview.complete and not preview.plan.offloaded
+    plan, sim = rested.plan, rested.sim
+    assert plan.offloaded and plan.feasible and plan.copies_hidden
+    recompute_only = gpu_loaded.trajectory.best_plan_for_budget(gpu.budget)
+    assert plan.predicted_extra_ms < recompute_only.predicted_extra_ms  # the offload plan won: faster, and fits
+    # the simulated step is the plan's: its copies move what the plan says
+    ids = [a.id for a in gpu_loaded.profile.activations]
+    assert sorted(plan.offloaded) == sorted(ids[k] for k in sim.offload.offloaded)
+    assert sim.offload.moved_bytes == plan.offload_bytes and sim.peak_bytes == plan.predicted_peak_bytes
+    assert not cpu.state.plan.offloaded and cpu.state.sim.offload is None
+    # a span shows an offloaded activation as gone from the device between the end of its copy out and the copy back
+    j = int(np.argmax(sim.offload.prefetch - sim.offload.release))
+    gone, back = int(sim.offload.release[j]), int(sim.offload.prefetch[j])
+    gpu.select_span(gone, back - 1)
+    assert not gpu.span_activations[sim.offload.offloaded[j]]
+    gpu.select_span(back, back)
+    assert gpu.span_activations[sim.offload.offloaded[j]]
+
+
+def test_table_and_graph_colour_offloaded_activations(qtbot, gpu_loaded):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QLabel
+
+    from acstudio.gui.activation_table import ActivationTable
+    from acstudio.gui.graph_view import OFFLOADED, GraphView
+
+    session = Session()
+    table, graph = ActivationTable(session), GraphView(session)
+    qtbot.addWidget(table)
+    qtbot.addWidget(graph)
+    session.set_loaded(gpu_loaded)
+    plan = session.state.plan
+    column = table.model.columns.index("decision")
+    for act in plan.offloaded:
+        row = table.model.row_of(act)
+        assert table.model.value(row, "decision") == "offload"
+        assert table.model.data(table.model.index(row, column), Qt.ItemDataRole.ForegroundRole) == OFFLOADED
+    assert sum(table.model.value(r, "decision") == "offload" for r in range(table.model.rowCount())) \
+        == len(plan.offloaded)
+    assert any("offloaded to host" in label.text() for label in graph.findChildren(QLabel))  # the legend
+    # the op that makes the largest offloaded activation, opened in place: its box is the offload colour
+    biggest = max(plan.offloaded, key=lambda a: plan.activation_bytes[a])
+    node = gpu_loaded.profile.activation_by_id[biggest].created_at
+    session.select(node, biggest)
+    qtbot.waitUntil(lambda: graph._item_index(node) >= 0 and graph.view.items[graph._item_index(node)].key == node,
+                    timeout=10_000)
+    colour = graph.box_colour(node)
+    assert colour.green() > colour.red() and colour.green() > colour.blue()
+    graph.shutdown()
+
+
+def test_box_fills_mix_kept_recomputed_and_offloaded_by_bytes():
+    from acstudio.gui.graph_view import OFFLOADED, RECOMPUTED, RETAINED, box_fills
+
+    # as many bytes in every box that has some (fewer would be drawn lighter)
+    rec, ret, off = (np.array(v, dtype=float) for v in ([0, 0, 0, 1], [2, 0, 0, 1], [0, 0, 2, 0]))
+    fills = box_fills(rec, ret, np.zeros(4), np.full((4, 3), 200), off)
+    rgb = [(c.red(), c.green(), c.blue()) for c in (RETAINED, RECOMPUTED, OFFLOADED)]
+    assert fills[0].tolist() == list(rgb[0]) and fills[2].tolist() == list(rgb[2])  # all bytes one way: full colour
+    assert fills[1].tolist() == [200, 200, 200]  # nothing there: its region's colour
+    assert fills[3].tolist() == [round((a + b) / 2) for a, b in zip(rgb[0], rgb[1])]  # half kept, half recomputed
+
+
+def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtbot, loaded, gpu_loaded):
+    from acstudio.gui.timeline import GIB, TimelineView
+    from acstudio.views.timeline import COPIED_BACK, ON_HOST, copy_spans
+
+    session = Session()
+    timeline = TimelineView(session)
+    qtbot.addWidget(timeline)
+    session.set_loaded(gpu_loaded)
+    assert timeline.lanes_plot.isVisibleTo(timeline) and timeline.host_plot.isVisibleTo(timeline)
+    offload, sim = session.state.sim.offload, gpu_loaded.simulator
+    d2h, h2d = copy_spans(timeline.axis, gpu_loaded.profile, session.state.plan, offload)
+    for lane, spans in (("d2h", d2h), ("h2d", h2d)):
+        bars = timeline.copy_bars[lane].opts
+        assert len(bars["x0"]) == len(offload.offloaded)
+        assert np.array_equal(bars["x0"], spans[:, 0]) and np.array_equal(bars["x1"], spans[:, 1])
+    edges = timeline.axis.edges
+    # a copy out starts once its activation is written; a copy back lands by its first backward use (they hide)
+    assert (d2h[:, 0] >= edges[offload.ready + 1] - 1e-9).all() and (d2h[:, 1] > d2h[:, 0]).all()
+    assert (h2d[:, 1] <= edges[offload.first_bw] + 1e-9).all() and (h2d[:, 0] >= d2h[:, 1] - 1e-9).all()
+    assert np.array_equal(timeline.host_bytes, offload.host_memory(sim))
+    assert 0 < timeline.host_bytes.max() <= offload.host_bytes
+    _x, y = timeline.host_curve.getOriginalDataset()
+    assert y.max() == pytest.approx(timeline.host_bytes.max() / GIB)
+    # an offloaded activation's lifetime: gone from the device once its copy out ends, back from the copy back
+    j = int(np.argmax(offload.bytes))
+    act = gpu_loaded.profile.activations[offload.offloaded[j]]
+    session.select(act.created_at, act.id)
+    marks = dict(timeline.lifetime)
+    assert marks[ON_HOST] == offload.release[j] and marks[COPIED_BACK] == offload.prefetch[j]
+    # the other axis draws the same copies there
+    timeline.axis_choice.setCurrentIndex(1 - timeline.axis_choice.currentIndex())
+    assert np.array_equal(timeline.copy_bars["d2h"].opts["x0"],
+                          copy_spans(timeline.axis, gpu_loaded.profile, session.state.plan, offload)[0][:, 0])
+    # a plan that offloads nothing empties the lanes; a CPU profile has none
+    session.set_budget(session.baseline_bytes)
+    assert len(timeline.copy_bars["d2h"].opts["x0"]) == 0 and not timeline.host_bytes.size
+    session.set_loaded(loaded)
+    assert not timeline.lanes_plot.isVisibleTo(timeline) and not timeline.host_plot.isVisibleTo(timeline)
+
+
+def test_inspector_names_the_bytes_moved_whether_copies_hide_and_the_link(qtbot, gpu_loaded):
+    from acstudio.gui.inspector import Inspector
+    from acstudio.units import format_bytes
+    from acstudio.views.offload import link_note, plan_offload_text
+
+    session = Session()
+    inspector = Inspector(session)
+    qtbot.addWidget(inspector)
+    session.set_loaded(gpu_loaded)
+    plan = session.state.plan
+    qtbot.waitUntil(lambda: "This plan" in inspector.toPlainText(), timeout=5_000)
+    text = inspector.toPlainText()
+    assert f"{format_bytes(plan.offload_bytes)} cross the link each way" in text
+    assert "copies hide behind compute" in text
+    assert "55.0 GB/s" in text and "54.0 GB/s" in text and "49.0 GB/s" in text and "64.00 GiB" in text
+    assert "default" not in text
+    stalled = dataclasses.replace(plan, offload_stall_ms=1.5)
+    assert plan_offload_text(stalled).endswith("the copies stall the step by 1.50 ms")
+    # an offloaded activation's node says when its copies run
+    act = gpu_loaded.profile.activation_by_id[plan.offloaded[0]]
+    session.select(act.created_at, act.id)
+    assert "to the host" in inspector.toPlainText() and "back to the device" in inspector.toPlainText()
+    # a GPU profile without a measured link (the bundled samples) is priced with the stated default, and says so
+    unmeasured = prepare(on_gpu(gpu_loaded.profile, None), "unmeasured.json.gz")
+    session.set_loaded(unmeasured)
+    text = inspector.toPlainText()
+    assert "(default)" in text and link_note(unmeasured.profile)[1:40] in text

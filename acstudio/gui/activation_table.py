@@ -10,6 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QStyle, QTableView, QVBoxLayout, QWidget
 
+from acstudio.gui.graph_view import DECISION_COLOURS
 from acstudio.gui.models import ID_ROLE, DataFrameModel, FilterProxy, fmt_bytes, fmt_int, fmt_ms, fmt_ratio
 from acstudio.units import format_bytes
 from acstudio.views.session import PlanState, Session
@@ -29,7 +30,8 @@ class ActivationTable(QWidget):
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
-        self.model = DataFrameModel(formats=TABLE_FORMATS, headers=TABLE_HEADERS, parent=self)
+        self.model = DataFrameModel(formats=TABLE_FORMATS, headers=TABLE_HEADERS,
+                                    colours={"decision": DECISION_COLOURS}, parent=self)
         self.proxy = FilterProxy(self)
         self.proxy.setSourceModel(self.model)
         self.view = QTableView()

@@ -137,7 +137,7 @@ class BudgetPanel(QWidget):
         candidates = len(loaded.profile.activations) - len(loaded.template.excluded)
         how = f"{plan.stop_reason}; {get_mode(plan.replay_mode).summary}"
         self.show_prediction(plan.predicted_peak_bytes, plan.predicted_extra_ms, loaded.profile.iteration_ms,
-                             len(plan.recomputed), candidates, plan.feasible, how)
+                             len(plan.recomputed), candidates, plan.feasible, how, len(plan.offloaded))
         self.current.setData([float(plan.predicted_extra_ms)], [plan.predicted_peak_bytes / GIB])
 
     # -- the user's moves ------------------------------------------------------------------------------------
@@ -162,16 +162,17 @@ class BudgetPanel(QWidget):
 
     # -- prediction and Pareto chart -------------------------------------------------------------------------
     def show_prediction(self, peak_bytes: int, extra_ms: float, iteration_ms: float, recomputed: int,
-                        candidates: int, feasible: bool, reason: str) -> None:
+                        candidates: int, feasible: bool, reason: str, offloaded: int = 0) -> None:
         self.peak_label.setText(format_bytes(peak_bytes))
         pct = f" ({100 * extra_ms / iteration_ms:.1f}% of {iteration_ms:.1f} ms)" if iteration_ms > 0 else ""
         self.extra_label.setText(f"{extra_ms:.2f} ms{pct}")
-        self.count_label.setText(f"{recomputed} of {candidates} activations")
+        moved = f"; {offloaded} offloaded to host" if offloaded else ""
+        self.count_label.setText(f"{recomputed} of {candidates} activations{moved}")
         colour = "#207020" if feasible else "#b01010"
         text = "fits the budget" if feasible else "does not fit"
         # the headline already says whether the budget is met: keep only what the reason adds
         for said in ("budget met", "budget not met"):
-            reason = reason.removeprefix(said).lstrip(";, ")
+            reason = reason.removeprefix(said).lstrip(";:, ")
         # what followed it in parentheses ("budget met (mutwo's plan)") goes in the one pair around the detail
         aside, close, rest = reason.partition(")")
         if reason.startswith("(") and close:

@@ -41,6 +41,8 @@ from acstudio.views.tables import Decisions
 
 RETAINED = QColor(70, 130, 220)
 RECOMPUTED = QColor(220, 60, 60)
+OFFLOADED = QColor(40, 160, 70)
+DECISION_COLOURS = {"retain": RETAINED, "recompute": RECOMPUTED, "offload": OFFLOADED}  # the table's, the legend's
 REPLAYED = QColor(240, 160, 50)
 INSERTED = QColor(170, 0, 170)
 SPAN = QColor(0, 170, 120)
@@ -80,15 +82,18 @@ def _mix_rgb(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.round(a + (b - a) * t[:, None]).astype(np.int64)
 
 
-def box_fills(rec: np.ndarray, ret: np.ndarray, rep: np.ndarray, region_rgb: np.ndarray) -> np.ndarray:
-    """Fill (k, 3 rgb) of each box from the bytes it recomputes and keeps and the nodes it re-runs: kept blue to
-    recomputed red by bytes, lighter for fewer bytes (never so light that the colour is lost), orange when it only
-    re-runs, its region's colour otherwise."""
-    act = rec + ret
+def box_fills(rec: np.ndarray, ret: np.ndarray, rep: np.ndarray, region_rgb: np.ndarray,
+              off: np.ndarray | None = None) -> np.ndarray:
+    """Fill (k, 3 rgb) of each box from the bytes it recomputes, offloads and keeps and the nodes it re-runs: the
+    mix of kept blue, recomputed red and offloaded green by bytes, lighter for fewer bytes (never so light that the
+    colour is lost), orange when it only re-runs, its region's colour otherwise."""
+    off = np.zeros_like(rec) if off is None else off
+    act = rec + ret + off
     has = act > 0
     top = math.log1p(float(act.max(initial=0.0)))
-    mixed = _mix_rgb(np.array(_rgb(RETAINED)), np.array(_rgb(RECOMPUTED)), np.divide(rec, act, where=has,
-                                                                                  out=np.zeros_like(act)))
+    share = np.column_stack([ret, rec, off]) / np.where(has, act, 1.0)[:, None]
+    mixed = share @ np.array([_rgb(RETAINED), _rgb(RECOMPUTED), _rgb(OFFLOADED)], dtype=float)
+    mixed = np.where(has[:, None], mixed, 0.0)
     strength = 0.35 + 0.65 * np.log1p(act) / top if top else np.ones_like(act)
     fills = np.where(has[:, None], _mix_rgb(np.array([255, 255, 255]), mixed, strength), region_rgb)
     fills[~has & (rep > 0)] = _rgb(REPLAYED)
@@ -192,8 +197,10 @@ class GraphView(QWidget):
         find.addWidget(self.matches_label)
         legend = QLabel(
             f'<span style="color:{RETAINED.name()}">■</span> kept '
-            f'<span style="color:{_mix(RETAINED, RECOMPUTED, 0.5).name()}">■</span> mixed '
-            f'<span style="color:{RECOMPUTED.name()}">■</span> recomputed (by bytes) '
+            f'<span style="color:{RECOMPUTED.name()}">■</span> recomputed '
+            f'<span style="color:{OFFLOADED.name()}">■</span> offloaded to host, mixed by bytes '
+            f'<span style="color:{_mix(RETAINED, RECOMPUTED, 0.5).name()}">■</span>'
+            f'<span style="color:{_mix(_mix(RETAINED, RECOMPUTED, 0.5), OFFLOADED, 1 / 3).name()}">■</span> '
             f'<span style="color:{REPLAYED.name()}">■</span> re-run in backward '
             f'<span style="color:{INSERTED.name()}">□</span> recomputation inserted before')
         legend.setWordWrap(True)
@@ -407,7 +414,8 @@ class GraphView(QWidget):
 
     # -- colours ---------------------------------------------------------------------------------------------
     def recolour(self, decisions: Decisions) -> None:
-        """Colour every box by the plan: kept/recomputed mix by bytes, re-run in backward, inserted recomputations.
+        """Colour every box by the plan: kept/recomputed/offloaded mix by bytes, re-run in backward, inserted
+        recomputations.
 
         Colours are computed for all boxes at once; only the boxes whose fill or outline changes are touched, so a
         slider step repaints those and nothing else."""
@@ -420,9 +428,10 @@ class GraphView(QWidget):
         idx = idx[shown]
         rec = np.bincount(idx, weights=decisions.recomputed_bytes[shown], minlength=k)
         ret = np.bincount(idx, weights=decisions.retained_bytes[shown], minlength=k)
+        off = np.bincount(idx, weights=decisions.offloaded_bytes[shown], minlength=k)
         rep = np.bincount(idx, weights=decisions.replayed[shown], minlength=k)
         inserted = np.bincount(idx, weights=decisions.inserted[shown], minlength=k) > 0
-        fills = box_fills(rec, ret, rep, self._region_rgb)
+        fills = box_fills(rec, ret, rep, self._region_rgb, off)
         packed = (fills[:, 0] << 16) | (fills[:, 1] << 8) | fills[:, 2]
         for i in np.flatnonzero((packed != self._colours) | (inserted != self._inserted)).tolist():
             box, item = self._boxes[i], self.view.items[i]

@@ -1,4 +1,5 @@
-"""The inspector: the selected node, or the open profile and what sets the floor and the current plan's peak.
+"""The inspector: the selected node, or the open profile, what sets the floor and the current plan's peak, what the
+plan moves over the host link, and the link itself (measured, or the stated default).
 
 Bound to the :class:`~acstudio.views.session.Session`. It follows a plan once the budget rests for
 :data:`INSPECTOR_DELAY_MS` (laying out its HTML costs about a slider step), and the profile's part only once the
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 import html
 
+import numpy as np
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from acstudio.plan.peak import explain_peak
 from acstudio.units import format_bytes
 from acstudio.views.documents import Loaded
+from acstudio.views.offload import link_note, link_rows, on_gpu, plan_offload_text
 from acstudio.views.session import Session
 
 INSPECTOR_DELAY_MS = 150
@@ -66,15 +69,29 @@ class Inspector(QTextBrowser):
                 f"{env.get('torch', '?')}</p><p>measured peak {format_bytes(p.peak_bytes)} at {p.peak_node}<br>"
                 f"checkpointing floor {format_bytes(self.session.floor_bytes)}</p>"
                 f"<table><tr><th align=left>at the peak</th><th></th></tr>{cats}</table>"
-                f"{floor}{self._plan_peak_html()}"
+                f"{floor}{self._plan_peak_html()}{self._link_html(loaded)}"
                 "<p>Click a node in the graph, the timeline or the table.</p>")
+
+    def _link_html(self, loaded: Loaded) -> str:
+        """The host link offload is priced with, and the stated default where the profile has none."""
+        profile = loaded.profile
+        if not on_gpu(profile):
+            return "<p><b>Host link:</b> none on a CPU device (host memory is its memory): nothing is offloaded.</p>"
+        rows = "".join(f"<tr><td>{k}</td><td align=right>{v}</td></tr>" for k, v in link_rows(profile))
+        note = link_note(profile)
+        note = f"<p>{html.escape(note[:1].upper() + note[1:])}.</p>" if note else ""
+        return (f"<table><tr><th align=left>host link</th><th></th></tr>{rows}<tr><td>plans offload up to</td>"
+                f"<td align=right>{format_bytes(loaded.ctx.host_memory)}</td></tr></table>{note}")
 
     def _plan_peak_html(self) -> str:
         """What sets the current plan's peak (once its timeline is simulated)."""
         state, loaded = self.session.state, self.session.loaded
         if state is None or not state.complete:
             return ""
-        return f"<p><b>This plan:</b> {html.escape(explain_peak(loaded.ctx, state.plan, state.sim).summary())}</p>"
+        moved = plan_offload_text(state.plan)
+        moved = f"<br>It {html.escape(moved)}." if moved else ""
+        return (f"<p><b>This plan:</b> {html.escape(explain_peak(loaded.ctx, state.plan, state.sim).summary())}"
+                f"{moved}</p>")
 
     def _node_html(self, node_id: str) -> str:
         loaded = self.session.loaded
@@ -93,6 +110,7 @@ class Inspector(QTextBrowser):
                      ("last forward use", a.last_fw_use), ("first backward use", a.first_bw_use),
                      ("inactive", f"{a.inactive_time_ms:.3f} ms")]
             entry = entries.get(a.id)
+            rows += self._copy_rows(a.id)
             if entry is not None:
                 rows += [("recomputed before", entry.recompute_before), ("sources", " ".join(entry.sources) or "–"),
                          ("replays", f"{len(entry.replay)} nodes, {entry.recompute_ms:.3f} ms"),
@@ -103,3 +121,17 @@ class Inspector(QTextBrowser):
                 rows.append(("recomputes before it", " ".join(inserted)))
         body = "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows)
         return f"<h3>{n.id} · {n.name}</h3><table cellspacing=3>{body}</table>"
+
+    def _copy_rows(self, activation: str) -> list[tuple[str, str]]:
+        """Where the simulated step copies an offloaded activation to the host and back, and when."""
+        state, loaded = self.session.state, self.session.loaded
+        offload = state.sim.offload if state is not None and state.sim is not None else None
+        if offload is None:
+            return []
+        at = np.flatnonzero(offload.offloaded == loaded.acts.row[activation])
+        if not at.size:
+            return []
+        j, ids = int(at[0]), loaded.simulator.node_ids
+        (out0, out1), (in0, in1) = offload.d2h[j], offload.h2d[j]
+        return [("to the host", f"{out0:.3f}–{out1:.3f} ms, freed before {ids[offload.release[j]]}"),
+                ("back to the device", f"{in0:.3f}–{in1:.3f} ms, issued before {ids[offload.prefetch[j]]}")]

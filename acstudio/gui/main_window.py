@@ -232,9 +232,7 @@ class MainWindow(QMainWindow):
         self._waiting_first_plan = True
         self.runners["sweep"].cancel()
         self._update_actions()
-        peak, floor = format_bytes(self.session.baseline_bytes), format_bytes(self.session.floor_bytes)
-        self.show_status(f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} activations; "
-                         f"peak {peak}, floor {floor}")
+        self.show_status(documents.loaded_message(loaded, self.session.floor_bytes))
 
     def _on_plan(self, state) -> None:
         """What the first paint does not need starts once the opened profile's first plan is complete: the other

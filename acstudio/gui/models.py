@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
+from PySide6.QtGui import QColor
 
 from acstudio.units import format_bytes
 
@@ -67,10 +68,13 @@ class DataFrameModel(QAbstractTableModel):
     """Read-only table of ``df`` (its index is the row id); ``formats`` maps column -> formatter."""
 
     def __init__(self, df: pd.DataFrame | None = None, formats: dict[str, Callable[[Any], str]] | None = None,
-                 headers: dict[str, str] | None = None, parent=None) -> None:
+                 headers: dict[str, str] | None = None, colours: dict[str, dict[Any, QColor]] | None = None,
+                 parent=None) -> None:
+        """``colours`` maps column -> cell value -> text colour (the activation table's decisions)."""
         super().__init__(parent)
         self._formats = formats or {}
         self._headers = headers or {}
+        self._colours = colours or {}
         self._ids: list[str] = []
         self._columns: list[str] = []
         self._raw: list[list[Any]] = []
@@ -152,6 +156,9 @@ class DataFrameModel(QAbstractTableModel):
             return v if isinstance(v, (int, float, str)) else str(v)
         if role == ID_ROLE:
             return self._ids[r]
+        if role == Qt.ItemDataRole.ForegroundRole:
+            colours = self._colours.get(self._columns[c])
+            return colours.get(self._raw[c][r]) if colours else None
         if role == Qt.ItemDataRole.TextAlignmentRole and isinstance(self._raw[c][r], (int, float)):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None

@@ -1,5 +1,7 @@
 """Memory timeline: simulated memory over the step (time or execution order), stacked by category, with the
-budget as a draggable line, the selected activation's lifetime and a span that selects what is alive in it.
+budget as a draggable line, the selected activation's lifetime and a span that selects what is alive in it;
+where the profile's device can offload, the copies to the host and back (one lane each) and the host memory they
+hold, in two small plots under it that share its x axis.
 
 Bound to the :class:`~acstudio.views.session.Session` (napari's ``QtDims(dims)`` style): it follows the loaded
 profile, the budget, the current plan and the selection, and sends clicks, spans and budget-line drags back to the
@@ -25,11 +27,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from acstudio.gui.graph_view import OFFLOADED
+from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
 from acstudio.simulate import TIMELINE_CATEGORIES
+from acstudio.simulate.offload import OffloadSchedule
 from acstudio.units import format_bytes
 from acstudio.views.session import Session
-from acstudio.views.timeline import AXES, TimelineAxis, lifetime_marks
+from acstudio.views.timeline import AXES, COPIED_BACK, ON_HOST, TimelineAxis, copy_spans, lifetime_marks
 
 GIB = float(2**30)
 DRAG_COMMIT_MS = 40  # a budget-line drag is planned for once it pauses this long (as the budget slider is)
@@ -44,6 +49,8 @@ CATEGORY_COLOURS = {
 }
 LIFETIME_COLOUR = (20, 20, 20)
 SPAN_BRUSH = (0, 170, 120, 45)
+LANES = {"d2h": (1.5, "to host"), "h2d": (0.5, "to device")}  # copy lane -> (its row in the lanes plot, label)
+LANES_PX, HOST_PX, LEFT_AXIS_PX = 56, 80, 64  # the link plots' heights; one axis width keeps the three aligned
 REGION_BANDS = {"forward": (90, 150, 230, 28), "loss": (240, 200, 90, 40), "backward": (90, 200, 130, 28),
                 "optimizer": (180, 130, 220, 28)}
 
@@ -137,7 +144,11 @@ class TimelineView(QWidget):
         layout.addLayout(bar)
         layout.addWidget(legend)
         layout.addWidget(self.plot, 1)
+        self.lanes_plot, self.host_plot = self._link_plots()
+        layout.addWidget(self.lanes_plot)
+        layout.addWidget(self.host_plot)
         item = self.plot.getPlotItem()
+        item.getAxis("left").setWidth(LEFT_AXIS_PX)
         item.setLabel("left", "memory (GiB)")
         item.showGrid(x=False, y=True, alpha=0.3)
         item.setDownsampling(auto=True, mode="peak")
@@ -194,6 +205,8 @@ class TimelineView(QWidget):
         self._starts = np.zeros(0, dtype=np.int64)
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self._timeline: tuple[np.ndarray, int, int] | None = None
+        self._offload: tuple[Plan, OffloadSchedule | None] | None = None
+        self.host_bytes = np.zeros(0)  # per node: offloaded bytes held on the host (the host plot bins it)
         self._live: np.ndarray | None = None
         self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
         self.plot.scene().sigMouseClicked.connect(self._on_click)
@@ -203,12 +216,42 @@ class TimelineView(QWidget):
         session.events.plan.connect(self._on_plan)
         session.events.selection.connect(lambda _node: self.show_selection())
 
+    def _link_plots(self) -> tuple[pg.PlotWidget, pg.PlotWidget]:
+        """The copy lanes (a bar per copy) and the host-memory curve, each a short plot linked to the main x axis."""
+        colour = (OFFLOADED.red(), OFFLOADED.green(), OFFLOADED.blue())
+        lanes, host = pg.PlotWidget(background="w"), pg.PlotWidget(background="w")
+        for plot, height in ((lanes, LANES_PX), (host, HOST_PX)):
+            plot.setFixedHeight(height)
+            plot.setXLink(self.plot)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+            plot.getPlotItem().hideAxis("bottom")
+            plot.getPlotItem().getAxis("left").setWidth(LEFT_AXIS_PX)
+            plot.getPlotItem().getAxis("left").enableAutoSIPrefix(False)
+            plot.hide()
+        lanes.getPlotItem().getAxis("left").setTicks([[(y, label) for y, label in LANES.values()]])
+        lanes.setYRange(0, 2, padding=0)
+        lanes.setToolTip("Copies of offloaded activations: to the host after forward, back before backward "
+                         "(one copy stream each way)")
+        self.copy_bars = {lane: pg.BarGraphItem(x0=[], x1=[], y0=[], height=[], brush=pg.mkBrush(*colour),
+                                                pen=pg.mkPen("w", width=1)) for lane in LANES}
+        for bars in self.copy_bars.values():
+            lanes.addItem(bars)
+        host.getPlotItem().setLabel("left", "host (GiB)")
+        host.getPlotItem().showGrid(x=False, y=True, alpha=0.3)
+        host.setToolTip("Host memory held by offloaded activations (the pinned pool holds their sum all step)")
+        self.host_curve = host.getPlotItem().plot([], [], pen=pg.mkPen(colour, width=1), fillLevel=0,
+                                                  brush=pg.mkBrush(*colour, 120))
+        return lanes, host
+
     def show_session(self) -> None:
         """The session's profile, plan and budget (on loading, and again after a live profiling curve)."""
         loaded = self.session.loaded
         if loaded is None:
             return
         self.set_profile(loaded.profile, loaded.baseline.timeline.sum(axis=1), self.session.floor_bytes)
+        for plot in (self.lanes_plot, self.host_plot):
+            plot.setVisible(loaded.ctx.may_offload)
         if self.session.state is not None:
             self._on_plan(self.session.state)
         self._show_budget(self.session.budget)
@@ -220,7 +263,7 @@ class TimelineView(QWidget):
         self._live = None
         self._baseline_total = np.asarray(baseline_total, dtype=float)
         self._floor = floor_bytes
-        self._timeline = None
+        self._timeline = self._offload = None
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self.span_button.setChecked(False)
         self._redraw()
@@ -268,6 +311,7 @@ class TimelineView(QWidget):
         item.setYRange(0, top / GIB * 1.12, padding=0)
         if self._timeline is not None:
             self.set_timeline(*self._timeline)
+        self.set_copies(*(self._offload or (None, None)))
         self.show_selection()
         if self.span.isVisible():
             self._toggle_span(True)
@@ -289,8 +333,10 @@ class TimelineView(QWidget):
         if self._live is None or len(self._live) != n or start == 0:
             self._live = np.full(n, np.nan)
             self._profile = None
-            self._timeline = None
+            self._timeline = self._offload = None
             self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
+            for plot in (self.lanes_plot, self.host_plot):
+                plot.hide()
             for curve in (*self.stack.values(), self.baseline):
                 curve.setData([], [])
             self.peak.setData([], [])
@@ -309,6 +355,7 @@ class TimelineView(QWidget):
         if state.sim is not None:
             pos = self.session.loaded.profile.node_index.get(state.sim.peak_node, -1)
             self.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
+            self.set_copies(state.plan, state.sim.offload)
         self.show_selection()
 
     def set_timeline(self, timeline: np.ndarray, peak_index: int, peak_bytes: int) -> None:
@@ -327,6 +374,26 @@ class TimelineView(QWidget):
             x = float(self.axis.x(peak_index))
             self.peak.setData([x], [peak_bytes / GIB])
             set_label(self.peak_text, f"peak {format_bytes(peak_bytes)}", x, peak_bytes / GIB, centred=True)
+
+    def set_copies(self, plan: Plan | None, offload: OffloadSchedule | None) -> None:
+        """Show the copies of ``plan``'s simulated ``offload`` in their lanes and the host memory they hold (none:
+        empty lanes, no host memory)."""
+        self._offload = (plan, offload) if plan is not None else None
+        loaded = self.session.loaded
+        if offload is None or self.axis is None or loaded is None or loaded.profile is not self._profile:
+            self.host_bytes = np.zeros(0)
+            for bars in self.copy_bars.values():
+                bars.setOpts(x0=[], x1=[], y0=[], height=[])
+            self.host_curve.setData([], [])
+            return
+        for (lane, (row, _label)), spans in zip(LANES.items(), copy_spans(self.axis, self._profile, plan, offload)):
+            n = len(spans)
+            self.copy_bars[lane].setOpts(x0=spans[:, 0], x1=spans[:, 1], y0=np.full(n, row - 0.35),
+                                         height=np.full(n, 0.7))
+        self.host_bytes = offload.host_memory(loaded.simulator).astype(float)
+        drawn = peak_binned(self.host_bytes, self._starts) / GIB
+        self.host_curve.setData(self._x, drawn)
+        self.host_plot.setYRange(0, max(float(drawn.max(initial=0.0)), 1e-3) * 1.1, padding=0)
 
     def stacked_total(self) -> np.ndarray:
         """Top of the shown stack, bytes per node (the drawing is its per-bin maximum)."""
@@ -363,17 +430,20 @@ class TimelineView(QWidget):
         if not act:
             return
         plan = session.state.plan if session.state is not None else None
-        marks = lifetime_marks(self._profile, plan, act)
+        offload = session.state.sim.offload if session.state is not None and session.state.sim is not None else None
+        marks = lifetime_marks(self._profile, plan, act, offload)
         self.lifetime = marks
         item = self.plot.getPlotItem()
         y = item.vb.viewRange()[1][1] * 0.9  # above the curves, below the region names
         xs = {what: float(self.axis.x(i)) for what, i in marks}
-        recomputed = "recomputed" in xs
-        # in memory: made .. last forward use, then (kept) until the last use, or (recomputed) again from the
-        # recomputation
-        pieces = [(xs["made"], xs["last forward use"] if recomputed else xs["last use"])]
-        if recomputed:
-            pieces.append((xs["recomputed"], xs["last use"]))
+        # in memory: made .. last forward use (recomputed) or until the copy to the host has ended (offloaded),
+        # then again from the recomputation or the copy back; or (kept) made .. last use
+        if "recomputed" in xs:
+            pieces = [(xs["made"], xs["last forward use"]), (xs["recomputed"], xs["last use"])]
+        elif ON_HOST in xs:
+            pieces = [(xs["made"], xs[ON_HOST]), (xs[COPIED_BACK], xs["last use"])]
+        else:
+            pieces = [(xs["made"], xs["last use"])]
         for x0, x1 in pieces:
             bar = pg.PlotCurveItem([x0, x1], [y, y], pen=pg.mkPen(LIFETIME_COLOUR, width=5))
             bar.setZValue(45)

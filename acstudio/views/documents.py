@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from acstudio.errors import ACStudioError, WrongSchemaError
+from acstudio.fileio import BENCH_FOLDER, Outputs
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.loading import load_plan
 from acstudio.plan.model import Plan
@@ -23,8 +24,10 @@ from acstudio.plan.solvers import trajectory
 from acstudio.plan.solvers.mutwo import Trajectory
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import SimResult, Simulator
+from acstudio.units import format_bytes
 from acstudio.views.child import profile_in_child
 from acstudio.views.graph_layout import DEFAULT_PASS, SHOWN_REGIONS, ModuleTree, laid_out
+from acstudio.views.offload import link_note
 from acstudio.views.tables import ActivationIndex, activation_table
 
 if TYPE_CHECKING:  # acstudio.bench imports torch (seconds): only a benchmark file the user opens loads it
@@ -56,7 +59,7 @@ def prepare(profile: Profile, path: str, progress: ProgressFn | None = None,
     simulator = Simulator(profile)
     baseline = simulator.simulate([])
     check(cancel)
-    ctx = PlanContext(profile, simulator)
+    ctx = PlanContext(profile, simulator, offload=True)  # offloads where the device has a host link (a GPU)
     traj = trajectory(ctx, progress=progress, cancel=cancel)
     report(progress, 2, 3, "grouping the graph")
     template = traj.plan_for_budget(simulator.baseline_peak)
@@ -111,13 +114,25 @@ def profile_and_prepare(spec: dict, device: str, path: str, progress=None, cance
 
 
 def run_benchmark(workload: dict, out_dir: str, settings: dict, progress=None, cancel=None) -> BenchResults:
-    """The benchmark job: every configuration in its own process (see :mod:`acstudio.bench`)."""
+    """The benchmark job: every configuration in its own process (see :mod:`acstudio.bench`). A run that fails or
+    is cancelled removes what it wrote, as ``acstudio bench`` does: no half-written results folder is left."""
     from acstudio.bench import run_bench
     from acstudio.workload import WorkloadSpec
 
-    return run_bench(WorkloadSpec.from_dict(workload), settings["batch_sizes"], settings["configs"],
-                     device=settings["device"], out_dir=out_dir, progress=progress, cancel=cancel,
-                     fit_budget=settings["fit_budget"], warmup=settings["warmup"], iters=settings["iters"])
+    with Outputs().add(out_dir, BENCH_FOLDER).writing():
+        return run_bench(WorkloadSpec.from_dict(workload), settings["batch_sizes"], settings["configs"],
+                         device=settings["device"], out_dir=out_dir, progress=progress, cancel=cancel,
+                         fit_budget=settings["fit_budget"], warmup=settings["warmup"], iters=settings["iters"])
+
+
+def loaded_message(loaded: Loaded, floor_bytes: int) -> str:
+    """The status bar's line on opening a profile: its size, peak and floor, and, once, that its host link is the
+    stated default where it has none (the inspector keeps saying so)."""
+    profile = loaded.profile
+    note = link_note(profile)
+    return (f"Loaded {profile.label}: {len(profile.nodes)} nodes, {len(profile.activations)} activations; peak "
+            f"{format_bytes(loaded.simulator.baseline_peak)}, floor {format_bytes(floor_bytes)}"
+            + (f"; {note}" if note else ""))
 
 
 def new_profile_name(spec: dict, device: str, stamp: str) -> str:

@@ -12,8 +12,9 @@ A budget is answered in two moves, each made once:
    nor a simulation), so a slider step costs one repaint;
 2. when the budget rests, *one* background job makes the plan and simulates its timeline: for a solver that
    answers instantly, μ-TWO's best plan for the budget (the preview, or its shared-chain form where that is
-   faster: tens of simulations, a tenth of a second, too slow for every slider step); for another solver, its
-   own plan. A newer budget supersedes the job (newest wins), so a drag costs one plan, for where it stops.
+   faster: tens of simulations, a tenth of a second, too slow for every slider step; on a GPU also its plan
+   that offloads activations to host memory, where that is faster still); for another solver, its own plan.
+   A newer budget supersedes the job (newest wins), so a drag costs one plan, for where it stops.
    Complete plans are cached per solver and budget, so going back to a budget is instant.
 """
 
@@ -31,11 +32,19 @@ import pandas as pd
 from acstudio.errors import ACStudioError, Cancelled
 from acstudio.jobs import CancelToken, check
 from acstudio.plan.model import Plan
-from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS
+from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS, best_of
+from acstudio.plan.solvers.mutwo import offload_plan
 from acstudio.simulate.simulator import SimResult
 from acstudio.views.documents import Loaded
 from acstudio.views.pareto import measured_points
-from acstudio.views.tables import Decisions, alive_in_span, back_in_memory_at, graph_decisions, table_columns
+from acstudio.views.tables import (
+    Decisions,
+    alive_in_span,
+    back_in_memory_at,
+    forward_until,
+    graph_decisions,
+    table_columns,
+)
 
 PLAN_JOB = "plan"
 PLAN_AT_REST_MS = 150  # a previewed budget is solved once it rests this long: a drag does not solve every pause
@@ -144,8 +153,14 @@ def solve_and_simulate(loaded: Loaded, budget: int, solver: str, progress=None, 
 
 def refine_and_simulate(loaded: Loaded, budget: int, progress=None, cancel=None) -> tuple[Plan, SimResult]:
     """The plan job after a preview: μ-TWO's best plan for ``budget`` (the preview's steps, or a prefix of them
-    replayed as shared chains where that is faster) and its timeline, each made once."""
-    plan = loaded.trajectory.best_plan_for_budget(budget)
+    replayed as shared chains where that is faster, or, where the profile's device can offload, its plan that
+    copies activations to host memory where that is faster still) and its timeline, each made once."""
+    plans = [loaded.trajectory.best_plan_for_budget(budget)]
+    check(cancel)
+    offloading = offload_plan(loaded.ctx, budget, cancel)
+    if offloading is not None:
+        plans.append(offloading)
+    plan = best_of(plans)
     check(cancel)
     return plan, loaded.ctx.simulation(plan)
 
@@ -306,8 +321,9 @@ class Session:
         if last < first:
             self.span_activations = np.zeros(len(acts.bytes), dtype=bool)
         else:
-            back = back_in_memory_at(self.loaded.profile, acts, self.state.plan)
-            self.span_activations = alive_in_span(acts, back, first, last)
+            offload = self.state.sim.offload if self.state.sim is not None else None
+            back = back_in_memory_at(self.loaded.profile, acts, self.state.plan, offload)
+            self.span_activations = alive_in_span(acts, back, first, last, forward_until(acts, offload))
         alive = self.span_activations
         self.events.span.emit(np.concatenate([acts.created[alive], acts.first_bw[alive]]))
 

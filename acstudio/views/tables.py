@@ -10,6 +10,7 @@ import pandas as pd
 from acstudio.plan.model import Plan
 from acstudio.plan.solvers import kept_reason
 from acstudio.profile.model import Profile
+from acstudio.simulate.offload import OffloadSchedule
 
 TABLE_PLAN_COLUMNS = ("decision", "why", "step", "sources", "replay_nodes", "recompute_ms", "ratio")
 
@@ -19,11 +20,12 @@ class Decisions:
     """Per-node facts of one plan (arrays over profile nodes), what the graph colours its boxes by.
 
     An activation's bytes count at the node that makes it (forward) and at its first backward use (where a
-    recomputed one is brought back), so forward and backward boxes of a module read the same way.
+    recomputed or offloaded one is brought back), so forward and backward boxes of a module read the same way.
     """
 
     recomputed_bytes: np.ndarray
     retained_bytes: np.ndarray
+    offloaded_bytes: np.ndarray
     replayed: np.ndarray  # 1 where the node is re-executed in backward to recompute something
     inserted: np.ndarray  # number of recomputations inserted just before this node
 
@@ -73,30 +75,43 @@ def activation_table(profile: Profile) -> pd.DataFrame:
     return df
 
 
-def recomputed_mask(acts: ActivationIndex, plan: Plan) -> np.ndarray:
-    """Per activation (table row): does the plan recompute it?"""
+def chosen_mask(acts: ActivationIndex, ids: list[str]) -> np.ndarray:
+    """Per activation (table row): is it one of ``ids`` (a plan's recomputed or offloaded ones)?"""
     mask = np.zeros(len(acts.bytes), dtype=bool)
-    mask[[acts.row[a] for a in plan.recomputed]] = True
+    mask[[acts.row[a] for a in ids]] = True
     return mask
 
 
-def back_in_memory_at(profile: Profile, acts: ActivationIndex, plan: Plan) -> np.ndarray:
+def back_in_memory_at(profile: Profile, acts: ActivationIndex, plan: Plan,
+                      offload: OffloadSchedule | None = None) -> np.ndarray:
     """Per activation: the node before which the plan brings it back (its recomputation; in a shared replay
-    that can be before its first backward use), or -1 when the plan keeps it."""
-    row = {a.id: k for k, a in enumerate(profile.activations)}
+    that can be before its first backward use; or, with the plan's simulated ``offload``, the copy back), or -1
+    when the plan keeps it."""
     back = np.full(len(acts.bytes), -1, dtype=np.int64)
     for e in plan.schedule:
-        back[row[e.activation]] = profile.node_index[e.recompute_before]
+        back[acts.row[e.activation]] = profile.node_index[e.recompute_before]
+    if offload is not None:
+        back[offload.offloaded] = offload.prefetch
     return back
 
 
-def alive_in_span(acts: ActivationIndex, back_at: np.ndarray, first: int, last: int) -> np.ndarray:
+def forward_until(acts: ActivationIndex, offload: OffloadSchedule | None = None) -> np.ndarray:
+    """Per activation: the last node of its forward stay in memory: its last forward use, or for an offloaded
+    one the node before its device memory is freed (once the copy to the host has ended)."""
+    until = acts.last_fw.copy()
+    if offload is not None:
+        until[offload.offloaded] = offload.release - 1
+    return until
+
+
+def alive_in_span(acts: ActivationIndex, back_at: np.ndarray, first: int, last: int,
+                  until: np.ndarray | None = None) -> np.ndarray:
     """Per activation: is it in memory somewhere in nodes ``first..last``? A kept activation (``back_at`` -1)
-    lives from the node that makes it to its last backward use; a recomputed one until its last forward use,
-    then again from ``back_at`` to its last use."""
+    lives from the node that makes it to its last backward use; a recomputed or offloaded one until the end of
+    its forward stay (``until``, default: its last forward use), then again from ``back_at`` to its last use."""
     made = acts.created <= last
     kept_span = made & (acts.last_bw >= first)
-    forward_part = made & (acts.last_fw >= first)
+    forward_part = made & ((acts.last_fw if until is None else until) >= first)
     backward_part = (back_at <= last) & (acts.last_bw >= first)
     return np.where(back_at < 0, kept_span, forward_part | backward_part)
 
@@ -105,22 +120,23 @@ def graph_decisions(profile: Profile, acts: ActivationIndex, plan: Plan) -> Deci
     """Per-node arrays for the graph colours of ``plan``."""
     n = len(profile.nodes)
     index = profile.node_index
-    rec_mask = recomputed_mask(acts, plan)
     nodes = np.concatenate([acts.created, acts.first_bw])
     weights = np.concatenate([acts.bytes, acts.bytes]).astype(float)
-    rec2 = np.concatenate([rec_mask, rec_mask])
-    rec = np.bincount(nodes[rec2], weights=weights[rec2], minlength=n)
-    ret = np.bincount(nodes[~rec2], weights=weights[~rec2], minlength=n)
+    rec2 = np.tile(chosen_mask(acts, plan.recomputed), 2)
+    off2 = np.tile(chosen_mask(acts, plan.offloaded), 2)
+    ret2 = ~(rec2 | off2)
+    rec, off, ret = (np.bincount(nodes[m], weights=weights[m], minlength=n) for m in (rec2, off2, ret2))
     replayed = np.zeros(n)
     replayed[[index[r] for e in plan.schedule for r in e.replay]] = 1
     inserted = np.bincount([index[e.recompute_before] for e in plan.schedule], minlength=n).astype(float)
-    return Decisions(recomputed_bytes=rec, retained_bytes=ret, replayed=replayed, inserted=inserted)
+    return Decisions(recomputed_bytes=rec, retained_bytes=ret, offloaded_bytes=off, replayed=replayed,
+                     inserted=inserted)
 
 
 def table_columns(acts: ActivationIndex, plan: Plan) -> dict[str, np.ndarray]:
-    """The activation table's plan columns, one array per column in table row order: decision, why in words,
-    and the schedule entry if recomputed. Built with array assignments, not a loop over the rows: it runs on
-    every slider step."""
+    """The activation table's plan columns, one array per column in table row order: decision (retain,
+    recompute, offload or not a candidate), why in words, and the schedule entry if recomputed. Built with array
+    assignments, not a loop over the rows: it runs on every slider step."""
     n = len(acts.bytes)
     rows = acts.row
     kept = kept_reason(plan.solver)
@@ -132,6 +148,9 @@ def table_columns(acts: ActivationIndex, plan: Plan) -> dict[str, np.ndarray]:
     recomputed = [rows[a] for a in plan.recomputed]
     decision[recomputed] = "recompute"
     why[recomputed] = "freed after forward, recomputed before its first backward use"
+    offloaded = [rows[a] for a in plan.offloaded]
+    decision[offloaded] = "offload"
+    why[offloaded] = "copied to host memory after forward, copied back before its first backward use"
     step = np.full(n, np.nan)
     step[recomputed] = np.arange(1, len(recomputed) + 1)
     entries = plan.schedule

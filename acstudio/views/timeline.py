@@ -13,8 +13,11 @@ import numpy as np
 
 from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
+from acstudio.simulate.offload import OffloadSchedule
 
 AXES = {"time": "time (ms)", "order": "execution order (ops)"}
+ON_HOST = "freed, on the host"  # an offloaded activation's device memory is freed (its copy to the host ended)
+COPIED_BACK = "copied back"  # the copy back to the device is issued (and its memory allocated again)
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,45 @@ class TimelineAxis:
         return lo, hi
 
 
-def lifetime_marks(profile: Profile, plan: Plan | None, activation_id: str) -> list[tuple[str, int]]:
+def lifetime_marks(profile: Profile, plan: Plan | None, activation_id: str,
+                   offload: OffloadSchedule | None = None) -> list[tuple[str, int]]:
     """The moments of an activation's life, as (what, node index): made, last forward use, first backward use,
-    and, when the plan recomputes it, where the recomputation is inserted; then its last use."""
+    and, when the plan recomputes it, where the recomputation is inserted, or, when the plan's simulated
+    ``offload`` copies it to the host, where its device memory is freed and where the copy back is issued;
+    then its last use."""
     act = profile.activation_by_id[activation_id]
     index = profile.node_index
     marks = [("made", index[act.created_at]), ("last forward use", index[act.last_fw_use])]
     entry = next((e for e in plan.schedule if e.activation == activation_id), None) if plan is not None else None
     if entry is not None:
         marks.append(("recomputed", index[entry.recompute_before]))
+    elif offload is not None:
+        k = profile.activations.index(act)
+        at = np.flatnonzero(offload.offloaded == k)
+        if at.size:
+            marks += [(ON_HOST, int(offload.release[at[0]])), (COPIED_BACK, int(offload.prefetch[at[0]]))]
     marks += [("first backward use", index[act.first_bw_use]), ("last use", index[act.last_bw_use])]
     return marks
+
+
+def step_clock(profile: Profile, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """Node by node, when ``plan``'s step issues what comes before each node (its recomputations) and when the
+    node starts, in ms: the clock :mod:`acstudio.simulate.offload` times the copies on, without the waits for
+    late copies."""
+    run = np.array([node.run_time_ms for node in profile.nodes], dtype=float) * profile.time_scale
+    replay = np.zeros(len(run))
+    np.add.at(replay, [profile.node_index[e.recompute_before] for e in plan.schedule],
+              [e.recompute_ms for e in plan.schedule])
+    start = np.cumsum(run + replay) - run
+    return start - replay, start
+
+
+def copy_spans(axis: TimelineAxis, profile: Profile, plan: Plan, offload: OffloadSchedule
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The device-to-host and the host-to-device copies of ``offload`` as (copies, 2) spans on ``axis``: a time
+    in the step is drawn at the node running then (the recomputations before a node at its left edge)."""
+    issue, start = step_clock(profile, plan)
+    end = start[-1] + profile.time_scale * profile.nodes[-1].run_time_ms if len(start) else 0.0
+    times = np.append(np.column_stack([issue, start]).ravel(), end)
+    xs = np.append(np.repeat(axis.edges[:-1], 2), axis.edges[-1])
+    return np.interp(offload.d2h, times, xs), np.interp(offload.h2d, times, xs)
