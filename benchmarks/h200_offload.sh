@@ -6,6 +6,7 @@
 #   parity-bert      the same, BERT-base MLM bs16
 #   offload-bert     our plans (offload allowed) at HF GC's and the offload peers' peaks, BERT-base bs16
 #   offload-gpt2     the same, GPT-2 seq 1024 bs16
+#   samples          the bundled H200 sample profiles measured again (host link included), as OUT_DIR/samples.tgz
 # OUT_DIR defaults to results/; parts write OUT_DIR/offload/ and OUT_DIR/parity/.
 set -u
 part=${1:-list}
@@ -44,6 +45,26 @@ offload-bert)
   ;;
 offload-gpt2)
   bench offload gpt2_s1024_bs16 gpt2 --seq-len 1024 -b 16 --configs "$offload_rows"
+  ;;
+samples)
+  llama="llama --seq-len 1024 --precision bf16 --optimizer adamw --config hidden_size=1024 \
+    --config intermediate_size=2816 --config num_hidden_layers=8 --config num_attention_heads=16 \
+    --config num_key_value_heads=16 --config vocab_size=32000 --config max_position_embeddings=2048"
+  mkdir -p /tmp/samples
+  while read -r name args; do
+    # shellcheck disable=SC2086  # the model arguments are words
+    python3 -m acstudio profile $args --device cuda --out "/tmp/samples/$name.json.gz" </dev/null
+  done <<EOF2
+h200_resnet152_bs32_adam resnet152 -b 32 --optimizer adam
+h200_resnet152_bs64_adam resnet152 -b 64 --optimizer adam
+h200_resnet152_bs128_adam resnet152 -b 128 --optimizer adam
+h200_bert_bs8_adam bert -b 8 --optimizer adam
+h200_bert_bs16_adam bert -b 16 --optimizer adam
+h200_bert_bs32_adam bert -b 32 --optimizer adam
+h200_gpt2_bs16_adam gpt2 -b 16 --optimizer adam
+h200_llama_bs8_bf16_adamw $llama -b 8
+EOF2
+  tar czf "$out/samples.tgz" -C /tmp/samples .
   ;;
 *)
   echo "unknown part $part; the parts:" >&2
