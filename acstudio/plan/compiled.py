@@ -9,10 +9,11 @@ plan, and one offset, measured once, carries the SAC mode's eager prediction of 
     compiled peak(plan) = compiled-memory peak(plan) - offset,
     offset = compiled-memory peak(per-module) - measured compiled peak of per-block checkpointing.
 
-The compiled memory is the SAC mode's less what only eager SAC's cache holds: a saved op's outputs that backward
-never reads (dropout's output, saved with its mask), which the partitioner does not save ("sac-compiled" mode).
-Per-module saves no op, so the calibration cannot see them; a plan that saves dropouts would be predicted one
-hidden-state-sized tensor per saved dropout too high, and would leave that much of its budget unused.
+The compiled memory is the SAC mode's less what only eager SAC's cache holds: a saved op's outputs that neither
+backward nor the recomputation reads (a dropout saved for its mask, whose output only a kept residual add read),
+which the partitioner does not save ("sac-compiled" mode). Per-module saves no op, so the calibration cannot see
+them; priced as eager SAC holds them, a plan that saves such dropouts is predicted a hidden state per dropout too
+high and leaves that much of its budget unused.
 
 The compiled model under per-block checkpointing (``compile+per-block``: every block under a plain non-reentrant
 checkpoint) saves what the per-module plan's SAC form saves (every repeated block recomputed, the modules around
