@@ -6,8 +6,14 @@ Inside the blocks a SAC plan leaves it no choice: every op is ``MUST_SAVE`` or `
 step saves exactly the op outputs that eager SAC saves. What compile changes therefore does not depend on the
 plan, and one offset, measured once, carries the SAC mode's eager prediction of any plan over to the compiled step:
 
-    compiled peak(plan) = SAC-mode peak(plan) - offset,
-    offset = SAC-mode peak(per-module) - measured compiled peak of per-block checkpointing.
+    compiled peak(plan) = compiled-memory peak(plan) - offset,
+    offset = compiled-memory peak(per-module) - measured compiled peak of per-block checkpointing.
+
+The compiled memory is the SAC mode's less what only eager SAC's cache holds: a saved op's outputs that neither
+backward nor the recomputation reads (a dropout saved for its mask, whose output only a kept residual add read),
+which the partitioner does not save ("sac-compiled" mode). Per-module saves no op, so the calibration cannot see
+them; priced as eager SAC holds them, a plan that saves such dropouts is predicted a hidden state per dropout too
+high and leaves that much of its budget unused.
 
 The compiled model under per-block checkpointing (``compile+per-block``: every block under a plain non-reentrant
 checkpoint) saves what the per-module plan's SAC form saves (every repeated block recomputed, the modules around
@@ -48,15 +54,16 @@ from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
 
 COMPILED_MODE = "sac"  # a compiled plan runs as torch's selective checkpointing (acstudio.apply_plan)
-TIMED_MODE = "sac-compiled"  # the same memory, replays pruned as the partitioner prunes them
+TIMED_MODE = "sac-compiled"  # the compiled memory, replays pruned as the partitioner prunes them
 
 
 def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
-    """Bytes the compiled step holds less than the SAC mode predicts for the same plan (see the module)."""
+    """Bytes the compiled step holds less than the compiled-memory mode predicts for the same plan (see the
+    module)."""
     if measured_per_block_peak <= 0:
         raise ACStudioError(f"the compiled per-block peak is {measured_per_block_peak} bytes — give the peak "
                             "measured for compile+per-block (e.g. 3870MiB)")
-    eager = ctx.plan_for_set(PER_MODULE, 0, per_module(ctx), mode=COMPILED_MODE).predicted_peak_bytes
+    eager = ctx.plan_for_set(PER_MODULE, 0, per_module(ctx), mode=TIMED_MODE).predicted_peak_bytes
     return eager - measured_per_block_peak
 
 
@@ -121,9 +128,10 @@ def compiled_context(ctx: PlanContext, times: CompiledTimes) -> PlanContext:
 
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,
                   cancel: CancelToken | None = None, times: CompiledTimes | None = None) -> Plan:
-    """The fastest plan whose compiled peak fits ``budget``: planned in the SAC mode at ``budget`` plus the
-    offset. The plan records the offset (``compiled_offset_bytes``); its ``predicted_peak_bytes`` stays the SAC
-    mode's eager prediction, and ``compiled_peak_bytes`` is the compiled one.
+    """The fastest plan whose compiled peak fits ``budget``: planned in the compiled memory at ``budget`` plus
+    the offset. Its ``predicted_peak_bytes`` stays the SAC mode's eager prediction, and ``compiled_offset_bytes``
+    what the compiled step holds less than that (the calibrated offset plus what only eager SAC's cache holds at
+    the plan's peak), so that ``compiled_peak_bytes`` is the compiled one.
 
     With ``times`` the plans are priced at compiled replay times (:func:`compiled_context`) and the plan records
     its compiled overhead (``compiled_extra_ms``); ``predicted_extra_ms`` stays the eager SAC prediction, which
@@ -132,6 +140,7 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     why = f"calibrated on compile+per-block's measured {format_bytes(measured_per_block_peak)}"
     # without compiled times, at eager op times, but never with eager SAC's dispatch cost: compiled, it is not paid
     untimed = plan_for_mode(ctx, budget + offset, TIMED_MODE, solver, cancel)
+    compiled_memory = untimed
     chosen = ctx.plan_for_set(untimed.solver, budget + offset, ctx.sim.indices(untimed.recomputed),
                               untimed.stop_reason, mode=COMPILED_MODE)
     extra = {}
@@ -141,14 +150,16 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
         # the plan chosen at eager times is known too: priced compiled, the faster of the two
         known = timed.plan_for_set(chosen.solver, budget + offset, timed.sim.indices(chosen.recomputed),
                                    chosen.stop_reason, mode=TIMED_MODE)
-        fast = best_of([found, known])
+        fast = compiled_memory = best_of([found, known])
         chosen = ctx.plan_for_set(fast.solver, budget + offset, ctx.sim.indices(fast.recomputed), fast.stop_reason,
                                   mode=COMPILED_MODE)
         extra = {"compiled_extra_ms": fast.predicted_extra_ms}
         why += (f" and its step time ({times.per_block_ms:g} ms against compile's {times.compile_ms:g}: replayed "
                 f"matmuls, convolutions and attention at {timed.cache['kernel_scale']:.2f}x their eager time, "
                 f"fused ops free); compiled +{fast.predicted_extra_ms:.2f} ms")
-    chosen = dataclasses.replace(chosen, budget_bytes=budget, compiled_offset_bytes=offset, **extra)
+    cache_only = chosen.predicted_peak_bytes - compiled_memory.predicted_peak_bytes  # eager SAC's cache, at peak
+    chosen = dataclasses.replace(chosen, budget_bytes=budget, compiled_offset_bytes=offset + cache_only,
+                                 feasible=compiled_memory.feasible, **extra)
     why = f"{chosen.stop_reason}; compiled peak {format_bytes(chosen.compiled_peak_bytes)}, {why}"
     return dataclasses.replace(chosen, stop_reason=why)
 

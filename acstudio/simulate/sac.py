@@ -305,8 +305,31 @@ class SacBlocks:
         mode; a block that frees something and saves nothing else runs a plain checkpoint (acstudio.apply_plan)."""
         return {b for b, asked in self._asked(recomputed).items() if self._block(b, asked).runs_policy}
 
-    def schedule(self, recomputed: Collection[int]) -> SharedSchedule:
-        """One replay per block that frees something, in the order they run."""
+    def needed(self, replay: Replay) -> list[int]:
+        """The replayed nodes the replay's outputs depend on (what the compiled step recomputes)."""
+        replayed = set(replay.nodes.tolist())
+        todo = [i for k in replay.outputs for i in self.writers[k] if i in replayed]
+        seen: set[int] = set()
+        while todo:
+            i = todo.pop()
+            if i not in seen:
+                seen.add(i)
+                todo.extend(u for u in self.inputs[i] if u in replayed)
+        return sorted(seen)
+
+    def compiled_scratch(self, form: _BlockForm) -> dict[str, int]:
+        """The part of ``form.saved_scratch`` the compiled step saves: outputs of saved ops that its pruned replay
+        reads (a saved dropout's output that the recomputed residual add reads); the partitioner saves no other."""
+        if form.replay is None or not form.saved_scratch:
+            return {}
+        storage = [nd.storage for nd in self.sim.profile.nodes]
+        read = {storage[u] for i in self.needed(form.replay) for u in self.inputs[i]}
+        return {t: at for t, at in form.saved_scratch.items() if t in read}
+
+    def schedule(self, recomputed: Collection[int], compiled: bool = False) -> SharedSchedule:
+        """One replay per block that frees something, in the order they run. ``compiled``: the saved ops' outputs
+        held until the replay are only those the compiled step saves (:meth:`compiled_scratch`); eager SAC's cache
+        holds every output of a saved op."""
         n_act = len(self.sim.replay.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
@@ -316,7 +339,7 @@ class SacBlocks:
             if form.replay is None:
                 continue
             at = form.replay.at
-            held.update(form.saved_scratch)
+            held.update(self.compiled_scratch(form) if compiled else form.saved_scratch)
             for t in form.arg_scratch:
                 held[t] = max(held.get(t, -1), self.backward_end[b] + 1)
             for s in form.kept_sources:
@@ -380,9 +403,13 @@ SAC_MODE = register_mode(ReplaySac())
 
 
 class ReplaySacCompiled(ReplaySac):
-    """The SAC form under torch.compile, for time: AOTAutograd's partitioner recomputes only the ops that what
-    backward reads depends on, where eager's replay reruns the block's forward up to the last of them. Memory is
-    the "sac" mode's, from which :mod:`acstudio.plan.compiled` calibrates the compiled peak."""
+    """The SAC form under torch.compile: AOTAutograd's partitioner saves and recomputes only what backward needs.
+    For time, it recomputes only the ops that what backward reads depends on, where eager's replay reruns the
+    block's forward up to the last of them. For memory, a saved op keeps only the outputs that backward or that
+    pruned recomputation reads: eager SAC's cache holds all of them until the replay (a dropout's output beside
+    the mask its backward reads, where the residual add after it is kept), the compiled step frees the others
+    after their last forward use. Otherwise memory is the "sac" mode's; from it :mod:`acstudio.plan.compiled`
+    calibrates the compiled peak."""
 
     name = "sac-compiled"
     summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"
@@ -392,7 +419,7 @@ class ReplaySacCompiled(ReplaySac):
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
         blocks = sac_blocks(sim)
-        schedule = blocks.schedule(recomputed)
+        schedule = blocks.schedule(recomputed, compiled=True)
         for r in schedule.replays:
             if id(r) not in blocks.pruned:
                 pruned_ms = float(sim.replay.run_ms[self.needed(sim, r)].sum())
@@ -403,16 +430,7 @@ class ReplaySacCompiled(ReplaySac):
     @staticmethod
     def needed(sim: Simulator, replay: Replay) -> list[int]:
         """The replayed nodes the replay's outputs depend on."""
-        blocks = sac_blocks(sim)
-        replayed = set(replay.nodes.tolist())
-        todo = [i for k in replay.outputs for i in blocks.writers[k] if i in replayed]
-        seen: set[int] = set()
-        while todo:
-            i = todo.pop()
-            if i not in seen:
-                seen.add(i)
-                todo.extend(u for u in blocks.inputs[i] if u in replayed)
-        return sorted(seen)
+        return sac_blocks(sim).needed(replay)
 
 
 SAC_COMPILED_MODE = register_mode(ReplaySacCompiled())
