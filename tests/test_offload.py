@@ -24,7 +24,7 @@ from acstudio.rewrite import offload as runtime_module
 from acstudio.rewrite import rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError
-from acstudio.simulate.modes import simulate_plan
+from acstudio.simulate.modes import get_mode, simulate_plan
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
@@ -88,6 +88,40 @@ def test_simulated_peak_is_the_rewritten_graphs_and_results_are_bitwise_equal(mo
         for a, b in zip(run_quietly(new, w, opt, spec), expected):
             assert torch.equal(a, b)
     assert simulate_plan(sim, [], mode, acts).peak_bytes < sim.baseline_peak
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+@pytest.mark.parametrize("mode", ["again", "shared"])
+def test_replays_read_offloaded_sources_brought_back_before_them(model, mode):
+    spec, w, opt, step, profile = captured(model)
+    sim = Simulator(profile)
+    rg = sim.replay
+    recompute = [rg.act_ids[k] for k in rg.candidates[1::2]]
+    schedule = get_mode(mode).schedule(sim, sim.indices(recompute))
+    read = {s for r in schedule.replays for s in r.sources}
+    sources = [a for a in offloadable(sim) if rg.act_index[a] in read and a not in recompute]
+    assert sources, "the case needs replays reading offloadable activations"
+    result = simulate_plan(sim, recompute, mode, sources)
+    off = result.offload
+    assert {rg.act_ids[k] for k in off.offloaded} == set(sources) and off.by_replay.any()
+    first_read = {k: min(r.at for r in schedule.replays if k in r.sources) for k in off.offloaded.tolist()}
+    assert all(off.needed[j] == min(first_read[k], off.first_bw[j]) for j, k in enumerate(off.offloaded.tolist()))
+    assert np.all(off.prefetch <= off.needed) and np.all(off.release <= off.prefetch)
+    new = rewrite_step(step, profile, recompute, replay_mode=mode, offloaded=sources)
+    assert max(live_bytes(new.gm, profile)) == result.peak_bytes
+    position = {n.meta["ac_id"]: i for i, n in enumerate(new.gm.graph.nodes)}
+    for n in new.gm.graph.nodes:  # every replay reading an offloaded activation reads the fetched copy
+        if n.meta.get("ac_role") == "recompute":
+            for x in n.all_input_nodes:
+                if x.meta.get("ac_role") != "offload":
+                    assert not set(x.meta.get("ac_storages", ())) & set(sources), (n.meta["ac_id"], x.meta["ac_id"])
+                else:
+                    assert position[x.meta["ac_id"]] < position[n.meta["ac_id"]]
+    expected = run_from(step, w.model, opt, spec.optimizer, w.batch)
+    without = run_from(rewrite_step(step, profile, recompute, replay_mode=mode), w.model, opt, spec.optimizer,
+                       w.batch)
+    for a, b, c in zip(run_quietly(new, w, opt, spec), without, expected):
+        assert torch.equal(a, b) and torch.equal(b, c)
 
 
 def test_copies_free_memory_only_once_done_and_stall_when_the_link_is_slow():

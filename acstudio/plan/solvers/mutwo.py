@@ -351,14 +351,14 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
     Each step compares the best swap candidate with the best recompute candidate and takes the cheaper; ties go
     to the swap, which costs no compute. The swap candidate is the activation with the largest inactive time
     among those whose time between last forward and first backward use spans the current peak (others cannot
-    lower it), whose bytes fit the host memory left and that no recomputation reads; with ``covering``, only
-    those whose copies, as scheduled, take it off the device at the peak (a slow link narrows that window). It
-    is priced at the stall it adds to the simulated step (:mod:`acstudio.simulate.offload`). The recompute
-    candidate is the largest recompute ratio, priced at its total recompute time (Alg D); picks keep Alg E/F's
-    bookkeeping (:class:`_Greedy`). A recompute candidate that would read an offloaded activation in the gap is
-    passed over, and an offloaded activation that a later pick's replay comes to read is kept on the device
-    again (and may be recomputed). The loop stops when the peak fits or neither branch has a candidate. The plan
-    is then priced in both replay modes that can offload, and the faster that fits is kept.
+    lower it) and whose bytes fit the host memory left; with ``covering``, only those whose copies, as
+    scheduled, take it off the device at the peak (a slow link, or a replay that reads it early, narrows that
+    window). It is priced at the stall it adds to the simulated step (:mod:`acstudio.simulate.offload`). The
+    recompute candidate is the largest recompute ratio, priced at its total recompute time (Alg D); picks keep
+    Alg E/F's bookkeeping (:class:`_Greedy`). A replay may read an offloaded activation: it is brought back
+    before that replay (how block checkpointing with offloaded inputs runs). The loop stops when the peak fits
+    or neither branch has a candidate. The plan is then priced in both replay modes that can offload, and the
+    faster that fits is kept.
     """
     sim, rg = ctx.sim, ctx.rg
     g = _Greedy(ctx)
@@ -372,8 +372,8 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
     while peak > budget:
         check(cancel)
         swap = next((k for k in swaps if k not in tried and not g.mask[k] and rg.bytes[k] <= host_left
-                     and g.state.keep_until[k] < 0 and rg.last_fw[k] < pos < rg.first_bw[k]), None)
-        recompute = _best_recompute(g, set(offloaded))
+                     and rg.last_fw[k] < pos < rg.first_bw[k]), None)
+        recompute = _best_recompute(g)
         if swap is None and recompute is None:
             break
         swap_cost = np.inf
@@ -392,11 +392,6 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
             peak, pos, _, schedule = trial
             continue
         g.pick()
-        for k in [k for k in offloaded if g.state.keep_until[k] >= 0]:  # a replay reads it now: back on the device
-            offloaded.remove(k)
-            host_left += int(rg.bytes[k])
-            if k in g.slot:
-                g._rate(k)
         peak, pos, _, schedule = _with_offload(g, offloaded)
     if not offloaded:
         return None
@@ -412,18 +407,10 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
                                                  f"({format_bytes(best.offload_bytes)} each way, {hidden})")
 
 
-def _best_recompute(g: _Greedy, offloaded: set[int]) -> int | None:
-    """The recompute candidate μ-TWO picks next (the one :meth:`_Greedy.pick` takes), after passing over those
-    whose replay would read an offloaded activation."""
-    while g.ratio.size:
-        i = int(np.argmax(g.ratio))
-        if g.ratio[i] == -np.inf:
-            return None
-        k = g.order[i]
-        if not offloaded.intersection(g.sources[k]):
-            return k
-        g.ratio[i] = -np.inf
-    return None
+def _best_recompute(g: _Greedy) -> int | None:
+    """The recompute candidate μ-TWO picks next (the one :meth:`_Greedy.pick` takes)."""
+    i = int(np.argmax(g.ratio)) if g.ratio.size else -1
+    return None if i < 0 or g.ratio[i] == -np.inf else g.order[i]
 
 
 def _off_device_at(schedule, k: int, pos: int) -> bool:
@@ -435,9 +422,9 @@ def _off_device_at(schedule, k: int, pos: int) -> bool:
 def _with_offload(g: _Greedy, offloaded: list[int]):
     """(peak, position, during a replay, offload schedule) of the greedy's recompute set with ``offloaded``."""
     sim, rg = g.ctx.sim, g.rg
-    replays = [Replay(int(rg.first_bw[k]), (int(k),), (), (), (), g.nodes[k], float(g.time[k]), 0)
+    replays = [Replay(int(rg.first_bw[k]), (int(k),), (), tuple(g.sources[k]), (), g.nodes[k], float(g.time[k]), 0)
                for k in np.flatnonzero(g.mask)]
-    schedule = offload_schedule(sim, offloaded, replays, g.state.keep_until)
+    schedule = offload_schedule(sim, offloaded, replays)
     node, between = schedule.memory(sim)
     peak, pos, before = sim.peak_of(g.state.acts_node + node, g.state.acts_between + between, g.mask,
                                     g.state.transient)
