@@ -130,10 +130,13 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     ``time_ms``, reading ``sources``). Activations a replay produces (recomputed ones) stay on the device, and
     so do those that cannot be offloaded."""
     rg, facts, link = sim.replay, sim.offload_facts, sim.profile.link
-    produced = {k for r in replays for k in r.outputs}
-    ks = [int(k) for k in dict.fromkeys(offloaded) if facts.offloadable[k] and k not in produced]
-    ks.sort(key=lambda k: (facts.ready[k], rg.created[k], k))
-    ks_arr = np.array(ks, dtype=np.int64)
+    chosen = np.zeros(len(rg.bytes), dtype=bool)
+    chosen[np.asarray(list(offloaded), dtype=np.int64)] = True
+    chosen[[k for r in replays for k in r.outputs]] = False
+    chosen &= facts.offloadable
+    ks_arr = np.flatnonzero(chosen)
+    ks_arr = ks_arr[np.lexsort((ks_arr, rg.created[ks_arr], facts.ready[ks_arr]))]
+    ks = ks_arr.tolist()
     nbytes = rg.bytes[ks_arr]
     duration = nbytes / (link.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
     at = np.array([r.at for r in replays], dtype=np.int64)
@@ -144,49 +147,53 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     end = start + run
     ready, last_fw, first_bw = facts.ready[ks_arr], rg.last_fw[ks_arr], rg.first_bw[ks_arr]
     first_read = np.full(len(rg.bytes), sim.n, dtype=np.int64)  # per activation, the first replay reading it
-    for r in replays:
-        for s in r.sources:
-            first_read[s] = min(first_read[s], r.at)
+    read = [(s, r.at) for r in replays for s in r.sources]
+    if read:
+        np.minimum.at(first_read, *np.array(read, dtype=np.int64).T)
     by_replay = first_read[ks_arr] <= first_bw
     needed = np.where(by_replay, first_read[ks_arr], first_bw)
     need_ms = np.where(by_replay, issue[needed], start[needed])
 
     # Planned out-copies (no stalls), then the first node after each that starts once it has ended.
-    d2h_end = np.zeros(len(ks))
+    m = len(ks)
+    took = duration.tolist()
+    d2h_end = [0.0] * m
     lane = 0.0
-    for j in range(len(ks)):
-        lane = max(end[ready[j]], lane) + duration[j]
-        d2h_end[j] = lane
+    for j, ready_end in enumerate(end[ready].tolist()):
+        lane = d2h_end[j] = max(ready_end, lane) + took[j]
     release = np.clip(np.searchsorted(issue, d2h_end, side="left"), last_fw + 1, needed)
     # In-copies laid back to back from the end, each landing by the time it is needed.
-    prefetch = np.zeros(len(ks), dtype=np.int64)
+    h2d_begin = [0.0] * m
     lane = np.inf
-    for j in sorted(range(len(ks)), key=lambda j: (need_ms[j], rg.created[ks[j]], ks[j]), reverse=True):
-        begin = min(need_ms[j], lane) - duration[j]
-        lane = begin
-        prefetch[j] = np.searchsorted(issue, begin, side="right") - 1
-    prefetch = np.clip(prefetch, release, needed)
+    need = need_ms.tolist()
+    for j in np.lexsort((ks_arr, rg.created[ks_arr], need_ms))[::-1].tolist():
+        lane = h2d_begin[j] = min(need[j], lane) - took[j]
+    prefetch = np.clip(np.searchsorted(issue, h2d_begin, side="right") - 1, release, needed)
 
     # The step as it runs: the compute stream waits where a copy is late. At one node: releases, prefetches and
     # waits before its replays, then waits after them (before the node itself); copies out after the node.
-    events = sorted([(ready[j], 4, j) for j in range(len(ks))] + [(release[j], 0, j) for j in range(len(ks))]
-                    + [(prefetch[j], 1, j) for j in range(len(ks))]
-                    + [(needed[j], 3 - int(by_replay[j]), j) for j in range(len(ks))])
-    d2h = np.zeros((len(ks), 2))
-    h2d = np.zeros((len(ks), 2))
+    slot = np.tile(np.arange(m), 4)
+    node = np.concatenate([ready, release, prefetch, needed])
+    phase = np.concatenate([np.full(m, 4), np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64),
+                            3 - by_replay.astype(np.int64)])
+    order = np.lexsort((slot, phase, node))
+    at_ms = np.select([phase == 4, phase == 3], [end[node], start[node]], issue[node])  # when the event is reached
+    d2h = [[0.0, 0.0] for _ in range(m)]
+    h2d = [[0.0, 0.0] for _ in range(m)]
     delay, out_lane, in_lane = 0.0, 0.0, 0.0
-    for node, phase, j in events:
-        if phase == 4:  # the copy out, after its ready node
-            begin = max(end[node] + delay, out_lane)
-            d2h[j] = begin, begin + duration[j]
-            out_lane = d2h[j, 1]
-        elif phase == 0:  # the compute stream waits for the copy out, then frees the device memory
-            delay += max(0.0, d2h[j, 1] - (issue[node] + delay))
-        elif phase == 1:  # the copy back is issued once the copy out has ended and the lane is free
-            begin = max(issue[node] + delay, in_lane, d2h[j, 1])
-            h2d[j] = begin, begin + duration[j]
-            in_lane = h2d[j, 1]
-        else:  # the first use waits for it: a replay reading it (phase 2), else its first backward use
-            delay += max(0.0, h2d[j, 1] - ((issue if phase == 2 else start)[node] + delay))
+    for t, p, j in zip(at_ms[order].tolist(), phase[order].tolist(), slot[order].tolist()):
+        if p == 4:  # the copy out, after its ready node
+            begin = max(t + delay, out_lane)
+            out_lane = begin + took[j]
+            d2h[j] = [begin, out_lane]
+        elif p == 0:  # the compute stream waits for the copy out, then frees the device memory
+            delay += max(0.0, d2h[j][1] - (t + delay))
+        elif p == 1:  # the copy back is issued once the copy out has ended and the lane is free
+            begin = max(t + delay, in_lane, d2h[j][1])
+            in_lane = begin + took[j]
+            h2d[j] = [begin, in_lane]
+        else:  # the first use waits for it: a replay reading it (phase 2), else its first backward use (3)
+            delay += max(0.0, h2d[j][1] - (t + delay))
+    d2h, h2d = np.array(d2h).reshape(m, 2), np.array(h2d).reshape(m, 2)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
                            float(delay))
