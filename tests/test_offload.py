@@ -2,7 +2,9 @@
 
 import copy
 import dataclasses
+import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +12,11 @@ import torch
 from conftest import gpu, tiny_spec
 from test_rewrite import captured, quick_profile, run_from
 
+import acstudio
 from acstudio.capture import capture_step
 from acstudio.cli import main
-from acstudio.errors import CorruptFileError
+from acstudio.errors import ACStudioError, CorruptFileError
+from acstudio.export import ExportError, export, sac
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.peak import explain_peak
@@ -267,3 +271,35 @@ def test_cuda_link_is_measured_with_pinned_copies():
     link = measure_host_link(torch.device("cuda"))
     assert link.measured and min(link.d2h_gb_s, link.h2d_gb_s, link.duplex_gb_s) > 0
     assert link.duplex_rate <= min(link.d2h_rate, link.h2d_rate)
+
+
+def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_offload(tmp_path):
+    spec, *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    rc = ctx.rg.candidates[1::3]
+    off = [ctx.rg.act_index[a] for a in offloadable(ctx.sim) if ctx.rg.act_index[a] not in rc]
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, rc, offloaded=off)
+    plain = ctx.plan_for_set("mutwo", profile.peak_bytes, rc)
+    assert plan.offloaded and plan.recomputed == plain.recomputed
+    files = {Path(f).name for f in export(profile, plan, tmp_path / "off")}
+    assert "step.py" in files and sac.POLICY_FILE not in files  # the SAC policy cannot carry offload
+    assert sorted(json.loads((tmp_path / "off" / "manifest.json").read_text())["offloaded"]) == sorted(plan.offloaded)
+    with pytest.raises(ExportError, match=r"^cannot export the sac format: .* acstudio\.load_step$"):
+        export(profile, plan, tmp_path / "sac", formats=["sac"])
+    with pytest.raises(ACStudioError, match=r"^apply_plan cannot run this plan: .* acstudio\.load_step$"):
+        acstudio.apply_plan(build_workload(spec).model, (profile, plan))
+    export(profile, plain, tmp_path / "plain")
+    ours, ref = build_workload(spec), build_workload(spec)  # fresh, identically seeded copies
+    ours_opt, ref_opt = ours.make_optimizer(), ref.make_optimizer()
+    with pytest.warns(CpuOffloadWarning):  # the pinned pool is made when the step is loaded
+        step = acstudio.load_step(tmp_path / "off", ours.model, ours_opt)
+    runtime = getattr(step._step.gm, runtime_module.RUNTIME_ATTR)
+    assert runtime.pool is not None and set(runtime.activations) == set(plan.offloaded)
+    ref_step = acstudio.load_step(tmp_path / "plain", ref.model, ref_opt)
+    for it in range(2):
+        torch.manual_seed(it)
+        loss = step(ours.batch)
+        torch.manual_seed(it)
+        assert torch.equal(loss, ref_step(ref.batch))
+        for p, q in zip(ours.model.parameters(), ref.model.parameters()):
+            assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
