@@ -17,6 +17,7 @@ import os
 import shlex
 import sys
 import traceback
+import warnings
 
 from acstudio import __version__
 from acstudio.errors import ACStudioError, Cancelled, describe_failure
@@ -491,6 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
 GUI_FLAGS = ("--screenshot",)
 
 
+def show_warning(python_way, message, category, filename, lineno, file=None, line=None) -> None:
+    """AC Studio's own warnings as one line, like its errors (Python's format adds the file and the source line
+    that warned); other warnings as Python shows them."""
+    if category.__module__.split(".")[0] == "acstudio":
+        print(f"acstudio: warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        python_way(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -506,7 +516,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--debug needs a command, e.g. acstudio --debug profile ...")
     args.cancel = CancelToken()
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = functools.partial(show_warning, warnings.showwarning)
+            return args.func(args)
     except KeyboardInterrupt:
         args.cancel.cancel()
         print("\ncancelled", file=sys.stderr)

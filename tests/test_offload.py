@@ -30,6 +30,7 @@ from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError
 from acstudio.simulate.modes import get_mode, simulate_plan
 from acstudio.simulate.simulator import Simulator
+from acstudio.units import format_bytes
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
 
@@ -303,3 +304,20 @@ def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_o
         assert torch.equal(loss, ref_step(ref.batch))
         for p, q in zip(ours.model.parameters(), ref.model.parameters()):
             assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+
+
+def test_verify_counts_offloaded_activations_and_the_cpu_warning_is_one_line(tmp_path, capsys):
+    *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    off = [ctx.rg.act_index[a] for a in offloadable(ctx.sim)[::2]]
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2], offloaded=off)
+    profile.save(tmp_path / "profile.json")
+    plan.save(tmp_path / "plan.json")
+    assert main(["verify", str(tmp_path / "profile.json"), "--plan", str(tmp_path / "plan.json")]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("PASSED") and f"{len(plan.offloaded)} offloaded ({format_bytes(plan.offload_bytes)} " \
+                                           "each way)" in out.splitlines()[0]
+    warned = [line for line in err.splitlines() if "offloads activations" in line]
+    assert len(warned) == 1 and warned[0].startswith("acstudio: warning: this plan offloads activations but runs "
+                                                     "on a CPU device") and "run it on a GPU" in warned[0]
+    assert "warnings.warn" not in err and "CpuOffloadWarning" not in err
