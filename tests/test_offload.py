@@ -21,6 +21,7 @@ from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.peak import explain_peak
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers.mutwo import offload_plan, trajectory
 from acstudio.plan.validation import check_plan_derivation
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
 from acstudio.profiler import measure_host_link
@@ -321,3 +322,19 @@ def test_verify_counts_offloaded_activations_and_the_cpu_warning_is_one_line(tmp
     assert len(warned) == 1 and warned[0].startswith("acstudio: warning: this plan offloads activations but runs "
                                                      "on a CPU device") and "run it on a GPU" in warned[0]
     assert "warnings.warn" not in err and "CpuOffloadWarning" not in err
+
+
+def test_near_the_recompute_floor_offloading_what_replays_read_is_far_cheaper():
+    """On a measured transformer, just above what recompute alone reaches, recompute-only replays chains over
+    and over; blocks recomputed from inputs on the host (replays read offloaded activations) cost a fraction."""
+    sample = Profile.load(Path(__file__).resolve().parents[1] / "sample_profiles" / "h200_bert_bs16_adam.json.gz")
+    profile = on_gpu(sample, d2h_gb_s=55.0, h2d_gb_s=55.0, duplex_gb_s=49.0, host_free_bytes=64 * 2**30)
+    ctx = PlanContext(profile, offload=True)
+    budget = int(ctx.sim.floor_bytes * 1.007)
+    recompute_only = trajectory(ctx).best_plan_for_budget(budget)
+    plan = offload_plan(ctx, budget)
+    assert recompute_only.feasible and plan.feasible and plan.predicted_peak_bytes <= budget
+    assert plan.predicted_extra_ms < 0.1 * recompute_only.predicted_extra_ms
+    result = simulate_plan(ctx.sim, plan.recomputed, plan.replay_mode, plan.offloaded)
+    assert result.peak_bytes == plan.predicted_peak_bytes and result.offload.by_replay.any()
+    assert plan.offload_bytes > 2**30
