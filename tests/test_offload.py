@@ -269,6 +269,26 @@ def test_cuda_copies_run_on_side_streams_into_a_pinned_pool_bitwise():
 
 
 @gpu
+@pytest.mark.parametrize("mode", ["again", "shared"])
+def test_cuda_replays_read_offloaded_sources_bitwise(mode):
+    spec = tiny_spec("gpt2")
+    w = build_workload(spec).to(torch.device("cuda"))
+    opt = w.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn)
+    profile = quick_profile(spec, step)
+    sim = Simulator(profile)
+    recompute = [sim.replay.act_ids[k] for k in sim.replay.candidates[1::2]]
+    offloaded = [a for a in offloadable(sim) if a not in recompute]
+    new = rewrite_step(step, profile, recompute, replay_mode=mode, offloaded=offloaded)
+    assert simulate_plan(sim, recompute, mode, offloaded).offload.by_replay.any()
+    expected = run_from(rewrite_step(step, profile, recompute, replay_mode=mode), w.model, opt, spec.optimizer,
+                        w.batch)
+    for _ in range(2):
+        got = run_from(new, w.model, opt, spec.optimizer, w.batch)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+@gpu
 def test_cuda_link_is_measured_with_pinned_copies():
     link = measure_host_link(torch.device("cuda"))
     assert link.measured and min(link.d2h_gb_s, link.h2d_gb_s, link.duplex_gb_s) > 0
