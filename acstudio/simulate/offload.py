@@ -6,7 +6,7 @@
   the last in-place op on its storage), and copies run one after another on that stream;
 * the device memory is freed before the first node ``release[k]`` after its last forward use that starts once
   the copy has ended (the rewritten step makes the compute stream wait for the copy there, then drops the
-  tensor); if no node starts after it before the first backward use, the step waits for the copy there;
+  tensor); if no node starts after it before ``k`` is needed again, the step waits for the copy there;
 * ``k`` is needed again before node ``needed[k]``: its first backward use, or, if earlier, the first replay
   (recomputation) that reads it as a source, which then waits for the copy before the replays inserted there
   run (``by_replay[k]``);
