@@ -437,10 +437,10 @@ def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[
                    key=lambda k: (-inactive[k], -rg.bytes[k], k))
 
     def evaluate(offloaded: list[int]):
-        offload = mode.offload(sim, replays, offloaded)
-        return (*mode.evaluate_with(sim, replays, offload)[:2], offload)
+        offload = mode.offload(sim, replayed, offloaded)
+        return (*mode.evaluate_with(sim, replayed, offload)[:2], offload)
 
-    replays = mode.schedule(sim, recomputed)
+    replayed = mode.schedule(sim, recomputed)
     offloaded: list[int] = []
     peak, pos, _ = evaluate(offloaded)
     tried = set(recomputed)
@@ -463,7 +463,7 @@ def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[
         later.remove(more)
         recomputed.append(more)
         tried.add(more)
-        replays = mode.schedule(sim, recomputed)
+        replayed = mode.schedule(sim, recomputed)
         peak, pos, _ = evaluate(offloaded)
     if not offloaded:
         return None
