@@ -358,3 +358,17 @@ def test_near_the_recompute_floor_offloading_what_replays_read_is_far_cheaper():
     result = simulate_plan(ctx.sim, plan.recomputed, plan.replay_mode, plan.offloaded)
     assert result.peak_bytes == plan.predicted_peak_bytes and result.offload.by_replay.any()
     assert plan.offload_bytes > 2**30
+
+
+def test_cli_export_of_an_offload_plan_says_why_there_is_no_sac_policy(tmp_path, capsys):
+    *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2],
+                            offloaded=[ctx.rg.act_index[a] for a in offloadable(ctx.sim)[::2]])
+    profile.save(tmp_path / "profile.json")
+    plan.save(tmp_path / "plan.json")
+    assert main(["export", str(tmp_path / "profile.json"), "--plan", str(tmp_path / "plan.json"), "--out",
+                 str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "acstudio.load_step" in out and "no sac_policy.json: the plan offloads activations" in out
+    assert not (tmp_path / "out" / sac.POLICY_FILE).exists()
