@@ -17,6 +17,7 @@ import os
 import shlex
 import sys
 import traceback
+import warnings
 
 from acstudio import __version__
 from acstudio.errors import ACStudioError, Cancelled, describe_failure
@@ -311,6 +312,7 @@ def cmd_verify(args) -> int:
 
 def cmd_export(args) -> int:
     from acstudio.export.exporter import EXPORT_FOLDER, FORMATS, export
+    from acstudio.export.sac import OFFLOAD_NOT_CARRIED
 
     formats = None if args.format is None else [f.strip() for f in args.format.split(",") if f.strip()]
     unknown = [f for f in formats or () if f not in FORMATS]
@@ -329,6 +331,8 @@ def cmd_export(args) -> int:
         print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
     if "sac_policy.json" in names:
         print(f"or: model = acstudio.apply_plan(model, {args.out!r})  # torch's selective checkpointing")
+    elif formats is None and getattr(plan, "offloaded", None):
+        print(f"no sac_policy.json: {OFFLOAD_NOT_CARRIED}")
     return 0
 
 
@@ -491,6 +495,15 @@ def build_parser() -> argparse.ArgumentParser:
 GUI_FLAGS = ("--screenshot",)
 
 
+def show_warning(python_way, message, category, filename, lineno, file=None, line=None) -> None:
+    """AC Studio's own warnings as one line, like its errors (Python's format adds the file and the source line
+    that warned); other warnings as Python shows them."""
+    if category.__module__.split(".")[0] == "acstudio":
+        print(f"acstudio: warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        python_way(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -506,7 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--debug needs a command, e.g. acstudio --debug profile ...")
     args.cancel = CancelToken()
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = functools.partial(show_warning, warnings.showwarning)
+            return args.func(args)
     except KeyboardInterrupt:
         args.cancel.cancel()
         print("\ncancelled", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 import copy
 import dataclasses
+import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,22 +12,26 @@ import torch
 from conftest import gpu, tiny_spec
 from test_rewrite import captured, quick_profile, run_from
 
+import acstudio
 from acstudio.capture import capture_step
 from acstudio.cli import main
-from acstudio.errors import CorruptFileError
+from acstudio.errors import ACStudioError, CorruptFileError
+from acstudio.export import ExportError, export, sac
 from acstudio.plan import plan as make_plan
 from acstudio.plan.loading import check_plan_derivation, load_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.peak import explain_peak
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers.mutwo import offload_plan, trajectory
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
 from acstudio.profiler import measure_host_link
 from acstudio.rewrite import offload as runtime_module
 from acstudio.rewrite import rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError
-from acstudio.simulate.modes import simulate_plan
+from acstudio.simulate.modes import get_mode, simulate_plan
 from acstudio.simulate.simulator import Simulator
+from acstudio.units import format_bytes
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
 
@@ -88,6 +94,40 @@ def test_simulated_peak_is_the_rewritten_graphs_and_results_are_bitwise_equal(mo
         for a, b in zip(run_quietly(new, w, opt, spec), expected):
             assert torch.equal(a, b)
     assert simulate_plan(sim, [], mode, acts).peak_bytes < sim.baseline_peak
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+@pytest.mark.parametrize("mode", ["again", "shared"])
+def test_replays_read_offloaded_sources_brought_back_before_them(model, mode):
+    spec, w, opt, step, profile = captured(model)
+    sim = Simulator(profile)
+    rg = sim.replay
+    recompute = [rg.act_ids[k] for k in rg.candidates[1::2]]
+    schedule = get_mode(mode).schedule(sim, sim.indices(recompute))
+    read = {s for r in schedule.replays for s in r.sources}
+    sources = [a for a in offloadable(sim) if rg.act_index[a] in read and a not in recompute]
+    assert sources, "the case needs replays reading offloadable activations"
+    result = simulate_plan(sim, recompute, mode, sources)
+    off = result.offload
+    assert {rg.act_ids[k] for k in off.offloaded} == set(sources) and off.by_replay.any()
+    first_read = {k: min(r.at for r in schedule.replays if k in r.sources) for k in off.offloaded.tolist()}
+    assert all(off.needed[j] == min(first_read[k], off.first_bw[j]) for j, k in enumerate(off.offloaded.tolist()))
+    assert np.all(off.prefetch <= off.needed) and np.all(off.release <= off.prefetch)
+    new = rewrite_step(step, profile, recompute, replay_mode=mode, offloaded=sources)
+    assert max(live_bytes(new.gm, profile)) == result.peak_bytes
+    position = {n.meta["ac_id"]: i for i, n in enumerate(new.gm.graph.nodes)}
+    for n in new.gm.graph.nodes:  # every replay reading an offloaded activation reads the fetched copy
+        if n.meta.get("ac_role") == "recompute":
+            for x in n.all_input_nodes:
+                if x.meta.get("ac_role") != "offload":
+                    assert not set(x.meta.get("ac_storages", ())) & set(sources), (n.meta["ac_id"], x.meta["ac_id"])
+                else:
+                    assert position[x.meta["ac_id"]] < position[n.meta["ac_id"]]
+    expected = run_from(step, w.model, opt, spec.optimizer, w.batch)
+    without = run_from(rewrite_step(step, profile, recompute, replay_mode=mode), w.model, opt, spec.optimizer,
+                       w.batch)
+    for a, b, c in zip(run_quietly(new, w, opt, spec), without, expected):
+        assert torch.equal(a, b) and torch.equal(b, c)
 
 
 def test_copies_free_memory_only_once_done_and_stall_when_the_link_is_slow():
@@ -229,7 +269,106 @@ def test_cuda_copies_run_on_side_streams_into_a_pinned_pool_bitwise():
 
 
 @gpu
+@pytest.mark.parametrize("mode", ["again", "shared"])
+def test_cuda_replays_read_offloaded_sources_bitwise(mode):
+    spec = tiny_spec("gpt2")
+    w = build_workload(spec).to(torch.device("cuda"))
+    opt = w.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn)
+    profile = quick_profile(spec, step)
+    sim = Simulator(profile)
+    recompute = [sim.replay.act_ids[k] for k in sim.replay.candidates[1::2]]
+    offloaded = [a for a in offloadable(sim) if a not in recompute]
+    new = rewrite_step(step, profile, recompute, replay_mode=mode, offloaded=offloaded)
+    assert simulate_plan(sim, recompute, mode, offloaded).offload.by_replay.any()
+    expected = run_from(rewrite_step(step, profile, recompute, replay_mode=mode), w.model, opt, spec.optimizer,
+                        w.batch)
+    for _ in range(2):
+        got = run_from(new, w.model, opt, spec.optimizer, w.batch)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+@gpu
 def test_cuda_link_is_measured_with_pinned_copies():
     link = measure_host_link(torch.device("cuda"))
     assert link.measured and min(link.d2h_gb_s, link.h2d_gb_s, link.duplex_gb_s) > 0
     assert link.duplex_rate <= min(link.d2h_rate, link.h2d_rate)
+
+
+def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_offload(tmp_path):
+    spec, *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    rc = ctx.rg.candidates[1::3]
+    off = [ctx.rg.act_index[a] for a in offloadable(ctx.sim) if ctx.rg.act_index[a] not in rc]
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, rc, offloaded=off)
+    plain = ctx.plan_for_set("mutwo", profile.peak_bytes, rc)
+    assert plan.offloaded and plan.recomputed == plain.recomputed
+    files = {Path(f).name for f in export(profile, plan, tmp_path / "off")}
+    assert "step.py" in files and sac.POLICY_FILE not in files  # the SAC policy cannot carry offload
+    assert sorted(json.loads((tmp_path / "off" / "manifest.json").read_text())["offloaded"]) == sorted(plan.offloaded)
+    with pytest.raises(ExportError, match=r"^cannot export the sac format: .* acstudio\.load_step$"):
+        export(profile, plan, tmp_path / "sac", formats=["sac"])
+    with pytest.raises(ACStudioError, match=r"^apply_plan cannot run this plan: .* acstudio\.load_step$"):
+        acstudio.apply_plan(build_workload(spec).model, (profile, plan))
+    export(profile, plain, tmp_path / "plain")
+    ours, ref = build_workload(spec), build_workload(spec)  # fresh, identically seeded copies
+    ours_opt, ref_opt = ours.make_optimizer(), ref.make_optimizer()
+    with pytest.warns(CpuOffloadWarning):  # the pinned pool is made when the step is loaded
+        step = acstudio.load_step(tmp_path / "off", ours.model, ours_opt)
+    runtime = getattr(step._step.gm, runtime_module.RUNTIME_ATTR)
+    assert runtime.pool is not None and set(runtime.activations) == set(plan.offloaded)
+    ref_step = acstudio.load_step(tmp_path / "plain", ref.model, ref_opt)
+    for it in range(2):
+        torch.manual_seed(it)
+        loss = step(ours.batch)
+        torch.manual_seed(it)
+        assert torch.equal(loss, ref_step(ref.batch))
+        for p, q in zip(ours.model.parameters(), ref.model.parameters()):
+            assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+
+
+def test_verify_counts_offloaded_activations_and_the_cpu_warning_is_one_line(tmp_path, capsys):
+    *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    off = [ctx.rg.act_index[a] for a in offloadable(ctx.sim)[::2]]
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2], offloaded=off)
+    profile.save(tmp_path / "profile.json")
+    plan.save(tmp_path / "plan.json")
+    assert main(["verify", str(tmp_path / "profile.json"), "--plan", str(tmp_path / "plan.json")]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("PASSED") and f"{len(plan.offloaded)} offloaded ({format_bytes(plan.offload_bytes)} " \
+                                           "each way)" in out.splitlines()[0]
+    warned = [line for line in err.splitlines() if "offloads activations" in line]
+    assert len(warned) == 1 and warned[0].startswith("acstudio: warning: this plan offloads activations but runs "
+                                                     "on a CPU device") and "run it on a GPU" in warned[0]
+    assert "warnings.warn" not in err and "CpuOffloadWarning" not in err
+
+
+def test_near_the_recompute_floor_offloading_what_replays_read_is_far_cheaper():
+    """On a measured transformer, just above what recompute alone reaches, recompute-only replays chains over
+    and over; blocks recomputed from inputs on the host (replays read offloaded activations) cost a fraction."""
+    sample = Profile.load(Path(__file__).resolve().parents[1] / "sample_profiles" / "h200_bert_bs16_adam.json.gz")
+    profile = on_gpu(sample, d2h_gb_s=55.0, h2d_gb_s=55.0, duplex_gb_s=49.0, host_free_bytes=64 * 2**30)
+    ctx = PlanContext(profile, offload=True)
+    budget = int(ctx.sim.floor_bytes * 1.007)
+    recompute_only = trajectory(ctx).best_plan_for_budget(budget)
+    plan = offload_plan(ctx, budget)
+    assert recompute_only.feasible and plan.feasible and plan.predicted_peak_bytes <= budget
+    assert plan.predicted_extra_ms < 0.1 * recompute_only.predicted_extra_ms
+    result = simulate_plan(ctx.sim, plan.recomputed, plan.replay_mode, plan.offloaded)
+    assert result.peak_bytes == plan.predicted_peak_bytes and result.offload.by_replay.any()
+    assert plan.offload_bytes > 2**30
+
+
+def test_cli_export_of_an_offload_plan_says_why_there_is_no_sac_policy(tmp_path, capsys):
+    *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2],
+                            offloaded=[ctx.rg.act_index[a] for a in offloadable(ctx.sim)[::2]])
+    profile.save(tmp_path / "profile.json")
+    plan.save(tmp_path / "plan.json")
+    assert main(["export", str(tmp_path / "profile.json"), "--plan", str(tmp_path / "plan.json"), "--out",
+                 str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "acstudio.load_step" in out and "no sac_policy.json: the plan offloads activations" in out
+    assert not (tmp_path / "out" / sac.POLICY_FILE).exists()

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import (
 )
 
 from acstudio.errors import ACStudioError, PlanMismatchError
-from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy
+from acstudio.export.sac import OFFLOAD_NOT_CARRIED, POLICY_FILE, OpDecision, SacPolicy
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
@@ -241,6 +241,8 @@ def load_policy(plan) -> SacPolicy:
     if isinstance(plan, tuple) and len(plan) == 2:
         profile, p = plan
         p.check_profile(profile)
+        if getattr(p, "offloaded", ()):
+            raise ACStudioError(f"apply_plan cannot run this plan: {OFFLOAD_NOT_CARRIED}")
         return SacPolicy.from_plan(profile, p.recomputed)
     raise ACStudioError(f"apply_plan takes an export folder or a (profile, plan) pair, not {type(plan).__name__}")
 

@@ -29,6 +29,7 @@ from acstudio.capture.tracer import make_capturable
 from acstudio.errors import ACStudioError
 from acstudio.export.exporter import MANIFEST_SCHEMA, MANIFEST_VERSION
 from acstudio.fileio import read_document
+from acstudio.rewrite.offload import RUNTIME_ATTR
 
 _module_ids = itertools.count()
 
@@ -54,6 +55,9 @@ class LoadedStep:
         self._step = CapturedStep(gm=module.Step(self.device),
                                   inputs=[InputSlot(i["kind"], i["key"]) for i in manifest["inputs"]],
                                   grad_params=list(manifest["grad_params"]), optimizer=optimizer_record(manifest))
+        runtime = getattr(self._step.gm, RUNTIME_ATTR, None)
+        if runtime is not None:  # the pinned pool of a step that offloads, or the host's lack of memory, now
+            runtime.ensure_pool(self.device)
 
     def __call__(self, batch: Any) -> torch.Tensor:
         changed = training_problems(self.manifest, self.model)

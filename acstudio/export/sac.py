@@ -23,6 +23,9 @@ from acstudio.simulate.sac import SAVE, is_op, simulate_sac
 POLICY_FILE = "sac_policy.json"
 POLICY_SCHEMA = "acstudio.sac_policy"
 POLICY_VERSION = 1
+# torch's CheckpointPolicy.MUST_CPU_OFFLOAD could carry the decision, but the SAC replay is not priced with offload.
+OFFLOAD_NOT_CARRIED = ("the plan offloads activations to host memory, which the SAC policy does not carry — export "
+                       "the step format and run it with acstudio.load_step")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ def write(job: ExportJob, directory: Path) -> list[str]:
 
 
 def unavailable(job: ExportJob) -> str:
+    if getattr(job.recomputed, "offloaded", ()):
+        return OFFLOAD_NOT_CARRIED
     if policy(job).blocks:
         return ""
     return ("the plan frees nothing inside a block SAC can wrap (a repeated block or a module around them), so "

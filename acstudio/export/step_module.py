@@ -1,7 +1,8 @@
 """The ``step`` export format: the rewritten graph as a drop-in training step (``step.py``, ``manifest.json``,
 ``report.md``).
 
-``step.py`` is the rewritten graph's generated code with the imports it needs, so it runs with torch alone;
+``step.py`` is the rewritten graph's generated code with the imports it needs, so it runs with torch alone (a
+plan that offloads activations also imports AC Studio's copy runtime, :mod:`acstudio.rewrite.offload`);
 :func:`acstudio.load_step` binds it to a live model and optimizer after checking them against ``manifest.json``.
 Everything a graph bakes in is recorded there: the parameters, buffers and batch it was traced for (shapes are
 static), which parameters it trains, every module's training flag and float settings (dropout probabilities,
@@ -28,6 +29,7 @@ from acstudio.plan.model import Plan
 from acstudio.plan.peak import explain_peak, floor_sentence
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
+from acstudio.rewrite import offload as offload_runtime
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import RewrittenStep, rewrite_step
 from acstudio.simulate.modes import get_mode
@@ -61,7 +63,7 @@ def write(job: ExportJob, directory: Path) -> list[str]:
     source = module_source(new.gm, profile)
     compile(source, str(directory / MODULE), "exec")
     # Saved on the CPU; Step(device) moves those the graph made on the device onto the model's device.
-    constants = {n.target: getattr(new.gm, n.target).cpu() for n in new.gm.graph.nodes if n.op == "get_attr"}
+    constants = {name: value.cpu() for name, value in tensor_constants(new.gm).items()}
     (directory / MODULE).write_text(source, encoding="utf-8")
     names = [MODULE]
     if constants:
@@ -106,6 +108,7 @@ def build_manifest(profile: Profile, step: RewrittenStep, spec: WorkloadSpec, re
                   for path, t in leaves],
         "optimizer": step.optimizer.to_dict() if step.optimizer else optimizer_description(spec.optimizer),
         "recomputed": recomputed,
+        "offloaded": [o.activation for o in step.offloads],
         "modules": module_settings(workload.model),  # as the profiled model was built and captured (train mode)
         "module": MODULE,
     }
@@ -125,10 +128,25 @@ def without_device_index(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+def tensor_constants(gm: fx.GraphModule) -> dict[str, torch.Tensor]:
+    """The graph's tensor constants by name (the offload runtime, a submodule, is made by ``Step`` itself)."""
+    return {n.target: getattr(gm, n.target) for n in gm.graph.nodes
+            if n.op == "get_attr" and isinstance(getattr(gm, n.target), torch.Tensor)}
+
+
 def cpu_constants(gm: fx.GraphModule) -> tuple[str, ...]:
     """Graph constants that were on the CPU at capture, whatever the step's device."""
-    return tuple(sorted(n.target for n in gm.graph.nodes
-                        if n.op == "get_attr" and getattr(gm, n.target).device.type == "cpu"))
+    return tuple(sorted(name for name, value in tensor_constants(gm).items() if value.device.type == "cpu"))
+
+
+def offload_runtime_source(gm: fx.GraphModule) -> str:
+    """The line of ``Step.__init__`` that makes the offload runtime of a step that offloads (else empty)."""
+    runtime = getattr(gm, offload_runtime.RUNTIME_ATTR, None)
+    if not isinstance(runtime, offload_runtime.OffloadRuntime):
+        return ""
+    made = f"OffloadRuntime({runtime.activations!r}, {runtime.sizes!r})"
+    return (f"\n        # copies of offloaded activations to a pinned host pool and back (made on the first step)"
+            f"\n        self.{offload_runtime.RUNTIME_ATTR} = {made}")
 
 
 def module_source(gm: fx.GraphModule, profile: Profile) -> str:
@@ -145,9 +163,14 @@ def module_source(gm: fx.GraphModule, profile: Profile) -> str:
             header.append(f"{name} = type(None)")
         elif isinstance(value, float) and not math.isfinite(value):
             header.append(f"{name} = float({str(value)!r})")
+        elif isinstance(value, types.FunctionType) and value.__module__ == offload_runtime.__name__:
+            header.append(f"from {offload_runtime.__name__} import {value.__name__} as {name}")
         else:
             raise ExportError(f"cannot export the step: its code refers to {name} = {value!r}")
-    header.sort(key=lambda line: (not line.startswith("import"), line))
+    runtime = offload_runtime_source(gm)
+    if runtime:
+        header.append(f"from {offload_runtime.__name__} import OffloadRuntime")
+    header.sort(key=lambda line: (not line.startswith(("import", "from")), line))
     body = "\n".join(f"    {line}" if line else "" for line in code.src.strip("\n").splitlines())
     w = profile.workload
     return f'''"""Training step rewritten by AC Studio for {w["model"]} (batch {w["batch_size"]}, {w["optimizer"]}, \
@@ -156,9 +179,10 @@ def module_source(gm: fx.GraphModule, profile: Profile) -> str:
 Step()(*flat_inputs) runs one whole iteration (forward, loss, backward, optimizer update) and returns
 [loss, *gradients]; it updates the parameter, buffer and optimizer-state tensors it is given in place. The input
 order is manifest.json's "inputs". Activations chosen for recomputation are freed after their last forward use
-and replayed (nodes named *_rc*) right before their first backward use. Use acstudio.load_step to bind it to a
-model and an optimizer, or call it yourself under torch.no_grad() (and, on a GPU other than the current one,
-inside torch.cuda.device(...)).
+and replayed (nodes named *_rc*) right before their first backward use; those chosen for offload are copied
+to host memory after forward and back before they are needed (nodes named offload_*). Use acstudio.load_step to
+bind it to a model and an optimizer, or call it yourself under torch.no_grad() (and, on a GPU other than the
+current one, inside torch.cuda.device(...)).
 """
 
 import os
@@ -173,7 +197,7 @@ class Step(torch.nn.Module):
         if os.path.exists(path):  # tensors the traced code created from Python constants
             for name, value in torch.load(path, weights_only=True).items():
                 # CPU constants stay there (e.g. torch.optim's increment of its CPU step counters)
-                setattr(self, name, value if name in {cpu_constants(gm)!r} else value.to(device))
+                setattr(self, name, value if name in {cpu_constants(gm)!r} else value.to(device)){runtime}
 
 {body}
 '''

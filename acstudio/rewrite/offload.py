@@ -3,8 +3,9 @@
 :func:`insert_offload` adds, for each offloaded activation, the nodes the simulator's schedule places
 (:mod:`acstudio.simulate.offload`): a copy to the host right after its last forward write, a release before the
 node where the copy is predicted done, a copy back (which allocates the device tensor) where the prefetch is
-issued, and a wait right before its first backward use that returns the tensors backward reads, rebuilt over the
-fetched storage with their original sizes, strides and offsets. Whole storages are copied as bytes, so every
+issued, and a wait right before it is needed again (its first backward use, or before the replays that read it
+as a source, when one of them comes first) that returns the tensors backward and those replays read, rebuilt
+over the fetched storage with their original sizes, strides and offsets. Whole storages are copied as bytes, so every
 value comes back bit for bit.
 
 On CUDA the copies run on two side streams ordered by events: the copy out waits for the compute stream (the
@@ -168,6 +169,7 @@ class Offload:
     released_before: str
     prefetched_before: str
     first_bw_use: str
+    needed_before: str  # the node before which (before the replays inserted there, if one reads it) it is back
 
 
 def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload]:
@@ -191,13 +193,16 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
         rt = graph.get_attr(RUNTIME_ATTR)
     _label(rt, "offload.runtime", "forward", [])
 
-    def before_replays(i: int) -> fx.Node:
+    def first_replay_node(i: int) -> fx.Node:
         """The first node of the replays inserted before original node ``i`` (or ``i`` itself)."""
         anchor = original[i]
         while anchor.prev.meta.get("ac_role") in ("recompute", "rng") and "ac_of" in anchor.prev.meta:
             anchor = anchor.prev
         return anchor
 
+    # Anchors taken before any offload node goes in: nodes inserted before one anchor keep their insertion order.
+    before_replays = {i: first_replay_node(i) for i in {*schedule.release.tolist(), *schedule.prefetch.tolist(),
+                                                        *schedule.needed[schedule.by_replay].tolist()}}
     after_ready = {int(i): original[i].next for i in set(schedule.ready.tolist())}
     placed = []
     for slot, k in enumerate(ks):
@@ -210,18 +215,19 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
         with graph.inserting_before(after_ready[int(schedule.ready[slot])]):
             node = graph.call_function(offload_to_host, (rt, slot, source))
         _label(node, f"{sid}@d2h", "forward", [])
-        with graph.inserting_before(before_replays(int(schedule.release[slot]))):
+        with graph.inserting_before(before_replays[int(schedule.release[slot])]):
             release = graph.call_function(offload_release, (rt, slot, source, *wanted))
         _label(release, f"{sid}@release", "forward", [])
         placed.append((slot, sid, holders, wanted, release))
     fetched = {}
     for slot, sid, *_ in placed:  # after every release: a release and a prefetch may share a node
-        with graph.inserting_before(before_replays(int(schedule.prefetch[slot]))):
+        with graph.inserting_before(before_replays[int(schedule.prefetch[slot])]):
             fetched[slot] = graph.call_function(offload_prefetch, (rt, slot))
         _label(fetched[slot], f"{sid}@h2d", "backward", [f"{sid}@h2d"])
     records = []
     for slot, sid, holders, wanted, release in placed:
-        anchor = original[int(schedule.first_bw[slot])]
+        needed = int(schedule.needed[slot])
+        anchor = before_replays[needed] if schedule.by_replay[slot] else original[needed]
         with graph.inserting_before(anchor):
             views = graph.call_function(offload_wait, (rt, slot, fetched[slot]))
             copies = [graph.call_function(operator.getitem, (views, j)) for j in range(len(wanted))]
@@ -246,7 +252,7 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
         records.append(Offload(sid, int(schedule.bytes[slot]), profile.nodes[int(schedule.ready[slot])].id,
                                profile.nodes[int(schedule.release[slot])].id,
                                profile.nodes[int(schedule.prefetch[slot])].id,
-                               profile.nodes[int(schedule.first_bw[slot])].id))
+                               profile.nodes[int(schedule.first_bw[slot])].id, profile.nodes[needed].id))
     return records
 
 

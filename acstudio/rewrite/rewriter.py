@@ -171,8 +171,7 @@ def _offload(gm: fx.GraphModule, profile: Profile, mode, recomputed: list[str], 
         raise RewriteError(str(exc)) from None
     dropped = [sim.replay.act_ids[k] for k in sorted(set(ks) - set(schedule.offloaded.tolist()))]
     if dropped:
-        raise RewriteError(f"activation {dropped[0]} cannot be offloaded in this plan: it is recomputed, or a "
-                           "recomputation reads it while it would be on the host")
+        raise RewriteError(f"activation {dropped[0]} cannot be offloaded in this plan: it is recomputed")
     return insert_offload(gm, profile, schedule, sim.offload_facts)
 
 

@@ -80,6 +80,8 @@ class VerifyResult:
     measured_peak_bytes: int | None = None  # CUDA only: max_memory_allocated of the rewritten step
     measured_baseline_peak_bytes: int | None = None  # CUDA only: the same for the captured step
     run_to_run: list[Comparison] | None = None  # CUDA only: the captured step against its reruns (largest)
+    offloaded: int = 0  # activations copied to host memory and back
+    offloaded_bytes: int = 0  # bytes those copies move each way
 
     @property
     def passed(self) -> bool:
@@ -96,8 +98,10 @@ class VerifyResult:
         """A few lines for the CLI and the GUI."""
         rule = "bitwise equal" if self.exact else \
             f"rtol {self.rtol:g}, atol {self.atol:g} or within 2x the captured step's run-to-run difference"
+        moved = (f", {self.offloaded} offloaded ({format_bytes(self.offloaded_bytes)} each way)"
+                 if self.offloaded else "")
         lines = [f"{'PASSED' if self.passed else 'FAILED'}: rewritten step vs captured step on {self.device} "
-                 f"({self.recomputed} activations recomputed, {self.replayed_nodes} nodes replayed; {rule})"]
+                 f"({self.recomputed} activations recomputed, {self.replayed_nodes} nodes replayed{moved}; {rule})"]
         for c in self.comparisons:
             bad = f"  mismatched: {', '.join(c.mismatched[:3])}" if c.mismatched else ""
             lines.append(f"  {c.kind:<16} {c.tensors:>5} tensors  max abs {c.max_abs:.3g}  max rel {c.max_rel:.3g}"
@@ -173,7 +177,8 @@ def verify(profile: Profile, plan, device: str = "cpu", progress: ProgressFn | N
         comparisons=comparisons, accounted_peak_bytes=max(live_bytes(rewritten.gm, profile)),
         accounted_baseline_peak_bytes=max(live_bytes(step.gm, profile)),
         predicted_peak_bytes=plan.predicted_peak_bytes if isinstance(plan, Plan) else None,
-        measured_peak_bytes=peak, measured_baseline_peak_bytes=base_peak, run_to_run=noise)
+        measured_peak_bytes=peak, measured_baseline_peak_bytes=base_peak, run_to_run=noise,
+        offloaded=len(rewritten.offloads), offloaded_bytes=sum(o.bytes for o in rewritten.offloads))
 
 
 def ops_without_kernel(gm: torch.fx.GraphModule, dev: torch.device) -> list[str]:

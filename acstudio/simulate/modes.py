@@ -49,7 +49,7 @@ class ReplayMode:
         if not self.supports_offload:
             raise ACStudioError(f"replay mode {self.name!r} cannot offload activations; choose one of "
                                 f"{', '.join(n for n, m in REPLAY_MODES.items() if m.supports_offload)}")
-        return offload_schedule(sim, offloaded, schedule.replays, schedule.keep_until)
+        return offload_schedule(sim, offloaded, schedule.replays)
 
     def evaluate_with(self, sim: Simulator, schedule: Any, offload: OffloadSchedule | None, timeline: bool = False):
         """:meth:`evaluate` with the offloaded activations' memory taken out."""

@@ -6,18 +6,22 @@
   the last in-place op on its storage), and copies run one after another on that stream;
 * the device memory is freed before the first node ``release[k]`` after its last forward use that starts once
   the copy has ended (the rewritten step makes the compute stream wait for the copy there, then drops the
-  tensor); if no node starts after it before the first backward use, the step waits for the copy there;
+  tensor); if no node starts after it before ``k`` is needed again, the step waits for the copy there;
+* ``k`` is needed again before node ``needed[k]``: its first backward use, or, if earlier, the first replay
+  (recomputation) that reads it as a source, which then waits for the copy before the replays inserted there
+  run (``by_replay[k]``);
 * the host-to-device copy is issued on a second copy stream before node ``prefetch[k]``, which allocates ``k``
-  again, as late as lets it land by ``k``'s first backward use: the copies are laid back to back, latest first,
-  each ending by its first backward use or by the start of the copy after it (the lane is serial);
+  again, as late as lets it land by the time it is needed: the copies are laid back to back, latest first,
+  each ending when it is needed or by the start of the copy after it (the lane is serial);
 * where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time.
 
 Times come from the nodes' run times (scaled as for recomputation) plus the replays a plan inserts; both lanes
 run at the rate the link reaches with both directions copying (they overlap around the loss; elsewhere that rate
 is conservative). Memory is the replay mode's with ``k`` kept, minus ``k``'s bytes from ``release[k]`` up to
 the node before ``prefetch[k]``. Host memory is one pinned buffer per offloaded activation, held all step (the
-rewritten step allocates the pool once and reuses it). An activation a replay reads as a source (it must be in
-memory when the replay runs) or one the plan recomputes is not offloaded.
+rewritten step allocates the pool once and reuses it). An activation the plan recomputes is not offloaded (it is
+freed after forward anyway); one a replay reads comes back before that replay and stays as long as it would
+have without offload.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ class OffloadSchedule:
     """Where and when the copies of a plan's offloaded activations (indices, by copy order) run, and their cost.
 
     Node indices: ``ready`` (the copy out is issued after it), ``release`` (its device memory is freed before it),
-    ``prefetch`` (the copy back is issued, and the memory allocated, before it), ``first_bw``; times in ms from the
+    ``prefetch`` (the copy back is issued, and the memory allocated, before it), ``first_bw``, ``needed`` (it must
+    be back before this node, or before the replays inserted there where ``by_replay``); times in ms from the
     step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies.
     """
 
@@ -87,6 +92,8 @@ class OffloadSchedule:
     release: np.ndarray
     prefetch: np.ndarray
     first_bw: np.ndarray
+    needed: np.ndarray
+    by_replay: np.ndarray
     d2h: np.ndarray
     h2d: np.ndarray
     stall_ms: float
@@ -107,8 +114,8 @@ class OffloadSchedule:
 
     def host_memory(self, sim) -> np.ndarray:
         """Bytes of offloaded activations held on the host at each node: from the node after which the copy out
-        is issued to the node before their first backward use (a curve inside the pool, which is held all step)."""
-        return sim._span(self.ready + 1, self.first_bw - 1, self.bytes)
+        is issued to the node before they are needed again (a curve inside the pool, which is held all step)."""
+        return sim._span(self.ready + 1, self.needed - 1, self.bytes)
 
     def memory(self, sim) -> tuple[np.ndarray, np.ndarray]:
         """Bytes to add to the activation memory during and just before each node: minus each offloaded
@@ -117,18 +124,19 @@ class OffloadSchedule:
         return gap, gap.copy()
 
 
-def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (), keep_until: np.ndarray | None = None
-                     ) -> OffloadSchedule:
+def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) -> OffloadSchedule:
     """Schedule and price the copies of activation indices ``offloaded`` (see the module docstring) beside the
     ``replays`` a plan runs (:class:`~acstudio.simulate.replay.Replay`: inserted before node ``at``, taking
-    ``time_ms``). ``keep_until`` (per activation, the last replay reading it, -1: none): activations a replay
-    reads, and those a replay produces, stay on the device; so do those that cannot be offloaded."""
+    ``time_ms``, reading ``sources``). Activations a replay produces (recomputed ones) stay on the device, and
+    so do those that cannot be offloaded."""
     rg, facts, link = sim.replay, sim.offload_facts, sim.profile.link
-    produced = {k for r in replays for k in r.outputs}
-    ks = [int(k) for k in dict.fromkeys(offloaded) if facts.offloadable[k] and k not in produced
-          and (keep_until is None or keep_until[k] < 0)]
-    ks.sort(key=lambda k: (facts.ready[k], rg.created[k], k))
-    ks_arr = np.array(ks, dtype=np.int64)
+    chosen = np.zeros(len(rg.bytes), dtype=bool)
+    chosen[np.asarray(list(offloaded), dtype=np.int64)] = True
+    chosen[[k for r in replays for k in r.outputs]] = False
+    chosen &= facts.offloadable
+    ks_arr = np.flatnonzero(chosen)
+    ks_arr = ks_arr[np.lexsort((ks_arr, rg.created[ks_arr], facts.ready[ks_arr]))]
+    ks = ks_arr.tolist()
     nbytes = rg.bytes[ks_arr]
     duration = nbytes / (link.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
     at = np.array([r.at for r in replays], dtype=np.int64)
@@ -138,40 +146,54 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (), ke
     issue = start - replay_ms  # the point before node i where copies are issued and memory released
     end = start + run
     ready, last_fw, first_bw = facts.ready[ks_arr], rg.last_fw[ks_arr], rg.first_bw[ks_arr]
+    first_read = np.full(len(rg.bytes), sim.n, dtype=np.int64)  # per activation, the first replay reading it
+    read = [(s, r.at) for r in replays for s in r.sources]
+    if read:
+        np.minimum.at(first_read, *np.array(read, dtype=np.int64).T)
+    by_replay = first_read[ks_arr] <= first_bw
+    needed = np.where(by_replay, first_read[ks_arr], first_bw)
+    need_ms = np.where(by_replay, issue[needed], start[needed])
 
     # Planned out-copies (no stalls), then the first node after each that starts once it has ended.
-    d2h_end = np.zeros(len(ks))
+    m = len(ks)
+    took = duration.tolist()
+    d2h_end = [0.0] * m
     lane = 0.0
-    for j in range(len(ks)):
-        lane = max(end[ready[j]], lane) + duration[j]
-        d2h_end[j] = lane
-    release = np.clip(np.searchsorted(issue, d2h_end, side="left"), last_fw + 1, first_bw)
-    # In-copies laid back to back from the end, each landing by its first backward use.
-    prefetch = np.zeros(len(ks), dtype=np.int64)
+    for j, ready_end in enumerate(end[ready].tolist()):
+        lane = d2h_end[j] = max(ready_end, lane) + took[j]
+    release = np.clip(np.searchsorted(issue, d2h_end, side="left"), last_fw + 1, needed)
+    # In-copies laid back to back from the end, each landing by the time it is needed.
+    h2d_begin = [0.0] * m
     lane = np.inf
-    for j in sorted(range(len(ks)), key=lambda j: (first_bw[j], rg.created[ks[j]], ks[j]), reverse=True):
-        begin = min(start[first_bw[j]], lane) - duration[j]
-        lane = begin
-        prefetch[j] = np.searchsorted(issue, begin, side="right") - 1
-    prefetch = np.clip(prefetch, release, first_bw)
+    need = need_ms.tolist()
+    for j in np.lexsort((ks_arr, rg.created[ks_arr], need_ms))[::-1].tolist():
+        lane = h2d_begin[j] = min(need[j], lane) - took[j]
+    prefetch = np.clip(np.searchsorted(issue, h2d_begin, side="right") - 1, release, needed)
 
-    # The step as it runs: the compute stream waits where a copy is late.
-    events = sorted([(ready[j], 3, j) for j in range(len(ks))] + [(release[j], 0, j) for j in range(len(ks))]
-                    + [(prefetch[j], 1, j) for j in range(len(ks))] + [(first_bw[j], 2, j) for j in range(len(ks))])
-    d2h = np.zeros((len(ks), 2))
-    h2d = np.zeros((len(ks), 2))
+    # The step as it runs: the compute stream waits where a copy is late. At one node: releases, prefetches and
+    # waits before its replays, then waits after them (before the node itself); copies out after the node.
+    slot = np.tile(np.arange(m), 4)
+    node = np.concatenate([ready, release, prefetch, needed])
+    phase = np.concatenate([np.full(m, 4), np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64),
+                            3 - by_replay.astype(np.int64)])
+    order = np.lexsort((slot, phase, node))
+    at_ms = np.select([phase == 4, phase == 3], [end[node], start[node]], issue[node])  # when the event is reached
+    d2h = [[0.0, 0.0] for _ in range(m)]
+    h2d = [[0.0, 0.0] for _ in range(m)]
     delay, out_lane, in_lane = 0.0, 0.0, 0.0
-    for node, phase, j in events:
-        if phase == 3:  # the copy out, after its ready node
-            begin = max(end[node] + delay, out_lane)
-            d2h[j] = begin, begin + duration[j]
-            out_lane = d2h[j, 1]
-        elif phase == 0:  # the compute stream waits for the copy out, then frees the device memory
-            delay += max(0.0, d2h[j, 1] - (issue[node] + delay))
-        elif phase == 1:  # the copy back is issued once the copy out has ended and the lane is free
-            begin = max(issue[node] + delay, in_lane, d2h[j, 1])
-            h2d[j] = begin, begin + duration[j]
-            in_lane = h2d[j, 1]
-        else:  # the first backward use waits for it
-            delay += max(0.0, h2d[j, 1] - (start[node] + delay))
-    return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, d2h, h2d, float(delay))
+    for t, p, j in zip(at_ms[order].tolist(), phase[order].tolist(), slot[order].tolist()):
+        if p == 4:  # the copy out, after its ready node
+            begin = max(t + delay, out_lane)
+            out_lane = begin + took[j]
+            d2h[j] = [begin, out_lane]
+        elif p == 0:  # the compute stream waits for the copy out, then frees the device memory
+            delay += max(0.0, d2h[j][1] - (t + delay))
+        elif p == 1:  # the copy back is issued once the copy out has ended and the lane is free
+            begin = max(t + delay, in_lane, d2h[j][1])
+            in_lane = begin + took[j]
+            h2d[j] = [begin, in_lane]
+        else:  # the first use waits for it: a replay reading it (phase 2), else its first backward use (3)
+            delay += max(0.0, h2d[j][1] - (t + delay))
+    d2h, h2d = np.array(d2h).reshape(m, 2), np.array(h2d).reshape(m, 2)
+    return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
+                           float(delay))

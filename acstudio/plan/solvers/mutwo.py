@@ -314,18 +314,38 @@ def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progr
 # Host-memory caps offload_plan tries below the context's, each half the bytes the previous plan moved, while that
 # plan stalls: the greedy compares one step's stall with one recompute, and a plan that moves less can be faster.
 OFFLOAD_CAP_HALVINGS = 2
+# Where offload_onto starts: the recompute-only trajectory's plan for a budget this share of the way from the budget
+# up to the baseline peak. How much offload can take off the peak depends on how long forward runs against the
+# link, which no single share captures; the first step that recomputes nothing ends the ladder.
+OFFLOAD_START_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 
 def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None) -> Plan | None:
     """The fastest of :func:`offload_greedy`'s plans, with and without ``covering``, under the context's host-memory
-    cap and, while a plan stalls, under :data:`OFFLOAD_CAP_HALVINGS` smaller caps; None when the context does not
-    offload (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads.
+    cap and, while a plan stalls, under :data:`OFFLOAD_CAP_HALVINGS` smaller caps, and of :func:`offload_onto`'s
+    from each of :data:`OFFLOAD_START_SHARES`; None when the context does not offload
+    (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads.
 
     Neither swap rule wins everywhere: a swap that does not lower the current peak can still make room that a
-    later pick needs, or just move bytes."""
+    later pick needs, or just move bytes; and weighing one swap against one recompute at a time misses plans
+    that recompute some blocks whole and offload what the others' replays read (block checkpointing with its
+    inputs on the host), which offload_onto finds."""
     if not ctx.may_offload or ctx.sim.baseline_peak <= budget:
         return None
     plans: list[Plan] = []
+    path = trajectory(ctx, cancel=cancel)
+    starts = []
+    for share in OFFLOAD_START_SHARES:
+        j = path.step_for_budget(int(budget + share * (ctx.sim.baseline_peak - budget)))
+        j = len(path._picks) if j is None else j
+        if j not in starts:
+            starts.append(j)
+        if j == 0:
+            break
+    for j in starts:
+        found = offload_onto(ctx, budget, ctx.host_memory, path._picks[:j], path._picks[j:], cancel)
+        if found is not None:
+            plans.append(found)
     for covering in (False, True):
         cap = ctx.host_memory
         for _ in range(OFFLOAD_CAP_HALVINGS + 1):
@@ -351,14 +371,14 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
     Each step compares the best swap candidate with the best recompute candidate and takes the cheaper; ties go
     to the swap, which costs no compute. The swap candidate is the activation with the largest inactive time
     among those whose time between last forward and first backward use spans the current peak (others cannot
-    lower it), whose bytes fit the host memory left and that no recomputation reads; with ``covering``, only
-    those whose copies, as scheduled, take it off the device at the peak (a slow link narrows that window). It
-    is priced at the stall it adds to the simulated step (:mod:`acstudio.simulate.offload`). The recompute
-    candidate is the largest recompute ratio, priced at its total recompute time (Alg D); picks keep Alg E/F's
-    bookkeeping (:class:`_Greedy`). A recompute candidate that would read an offloaded activation in the gap is
-    passed over, and an offloaded activation that a later pick's replay comes to read is kept on the device
-    again (and may be recomputed). The loop stops when the peak fits or neither branch has a candidate. The plan
-    is then priced in both replay modes that can offload, and the faster that fits is kept.
+    lower it) and whose bytes fit the host memory left; with ``covering``, only those whose copies, as
+    scheduled, take it off the device at the peak (a slow link, or a replay that reads it early, narrows that
+    window). It is priced at the stall it adds to the simulated step (:mod:`acstudio.simulate.offload`). The
+    recompute candidate is the largest recompute ratio, priced at its total recompute time (Alg D); picks keep
+    Alg E/F's bookkeeping (:class:`_Greedy`). A replay may read an offloaded activation: it is brought back
+    before that replay (how block checkpointing with offloaded inputs runs). The loop stops when the peak fits
+    or neither branch has a candidate. The plan is then priced in both replay modes that can offload, and the
+    faster that fits is kept.
     """
     sim, rg = ctx.sim, ctx.rg
     g = _Greedy(ctx)
@@ -372,8 +392,8 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
     while peak > budget:
         check(cancel)
         swap = next((k for k in swaps if k not in tried and not g.mask[k] and rg.bytes[k] <= host_left
-                     and g.state.keep_until[k] < 0 and rg.last_fw[k] < pos < rg.first_bw[k]), None)
-        recompute = _best_recompute(g, set(offloaded))
+                     and rg.last_fw[k] < pos < rg.first_bw[k]), None)
+        recompute = _best_recompute(g)
         if swap is None and recompute is None:
             break
         swap_cost = np.inf
@@ -392,16 +412,69 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
             peak, pos, _, schedule = trial
             continue
         g.pick()
-        for k in [k for k in offloaded if g.state.keep_until[k] >= 0]:  # a replay reads it now: back on the device
-            offloaded.remove(k)
-            host_left += int(rg.bytes[k])
-            if k in g.slot:
-                g._rate(k)
         peak, pos, _, schedule = _with_offload(g, offloaded)
     if not offloaded:
         return None
-    recomputed = list(g.pick_ratio)
-    plans = [ctx.plan_for_set(NAME, budget, recomputed, mode=mode, ratios=g.pick_ratio, offloaded=offloaded)
+    return _priced(ctx, budget, list(g.pick_ratio), offloaded, g.pick_ratio)
+
+
+def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[int], later: list[int],
+                 cancel: CancelToken | None = None) -> Plan | None:
+    """Offload on top of a recompute plan: start from activation indices ``recomputed`` (a prefix of the
+    trajectory's picks) and take swaps until the peak fits ``budget``; where no swap is left at the peak, recompute
+    the first of ``later`` (the trajectory's next picks) that is in memory there, and go on. None if it
+    offloads nothing.
+
+    A swap candidate is, by largest inactive time, an activation not recomputed whose bytes fit the host memory
+    left, and whose copies, as scheduled, take it off the device at the current peak; replays may read it (it is
+    brought back before them). Replays run in μ-TWO's mode while planning; the result is priced in both replay
+    modes that can offload and the faster that fits is kept."""
+    sim, rg = ctx.sim, ctx.rg
+    mode = get_mode("again")
+    recomputed, later = list(recomputed), list(later)
+    inactive = np.array([a.inactive_time_ms for a in ctx.profile.activations])
+    swaps = sorted(np.flatnonzero(sim.offload_facts.offloadable).tolist(),
+                   key=lambda k: (-inactive[k], -rg.bytes[k], k))
+
+    def evaluate(offloaded: list[int]):
+        offload = mode.offload(sim, replayed, offloaded)
+        return (*mode.evaluate_with(sim, replayed, offload)[:2], offload)
+
+    replayed = mode.schedule(sim, recomputed)
+    offloaded: list[int] = []
+    peak, pos, _ = evaluate(offloaded)
+    tried = set(recomputed)
+    host_left = host_cap
+    while peak > budget:
+        check(cancel)
+        swap = next((k for k in swaps if k not in tried and rg.bytes[k] <= host_left
+                     and rg.last_fw[k] < pos < rg.first_bw[k]), None)
+        if swap is not None:
+            tried.add(swap)
+            trial = evaluate([*offloaded, swap])
+            if _off_device_at(trial[2], swap, pos):
+                offloaded.append(swap)
+                host_left -= int(rg.bytes[swap])
+                peak, pos, _ = trial
+            continue
+        more = next((k for k in later if k not in offloaded and rg.last_fw[k] < pos < rg.first_bw[k]), None)
+        if more is None:
+            break
+        later.remove(more)
+        recomputed.append(more)
+        tried.add(more)
+        replayed = mode.schedule(sim, recomputed)
+        peak, pos, _ = evaluate(offloaded)
+    if not offloaded:
+        return None
+    return _priced(ctx, budget, recomputed, offloaded)
+
+
+def _priced(ctx: PlanContext, budget: int, recomputed: list[int], offloaded: list[int],
+            ratios: dict[int, float] | None = None) -> Plan:
+    """The plan of ``recomputed`` and ``offloaded`` in the faster replay mode that fits (else the lower peak),
+    saying what it moves."""
+    plans = [ctx.plan_for_set(NAME, budget, recomputed, mode=mode, ratios=ratios, offloaded=offloaded)
              for mode in ("again", "shared")]
     fitting = [p for p in plans if p.feasible]
     best = (min(fitting, key=lambda p: p.predicted_extra_ms) if fitting
@@ -412,18 +485,10 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
                                                  f"({format_bytes(best.offload_bytes)} each way, {hidden})")
 
 
-def _best_recompute(g: _Greedy, offloaded: set[int]) -> int | None:
-    """The recompute candidate μ-TWO picks next (the one :meth:`_Greedy.pick` takes), after passing over those
-    whose replay would read an offloaded activation."""
-    while g.ratio.size:
-        i = int(np.argmax(g.ratio))
-        if g.ratio[i] == -np.inf:
-            return None
-        k = g.order[i]
-        if not offloaded.intersection(g.sources[k]):
-            return k
-        g.ratio[i] = -np.inf
-    return None
+def _best_recompute(g: _Greedy) -> int | None:
+    """The recompute candidate μ-TWO picks next (the one :meth:`_Greedy.pick` takes)."""
+    i = int(np.argmax(g.ratio)) if g.ratio.size else -1
+    return None if i < 0 or g.ratio[i] == -np.inf else g.order[i]
 
 
 def _off_device_at(schedule, k: int, pos: int) -> bool:
@@ -435,9 +500,9 @@ def _off_device_at(schedule, k: int, pos: int) -> bool:
 def _with_offload(g: _Greedy, offloaded: list[int]):
     """(peak, position, during a replay, offload schedule) of the greedy's recompute set with ``offloaded``."""
     sim, rg = g.ctx.sim, g.rg
-    replays = [Replay(int(rg.first_bw[k]), (int(k),), (), (), (), g.nodes[k], float(g.time[k]), 0)
+    replays = [Replay(int(rg.first_bw[k]), (int(k),), (), tuple(g.sources[k]), (), g.nodes[k], float(g.time[k]), 0)
                for k in np.flatnonzero(g.mask)]
-    schedule = offload_schedule(sim, offloaded, replays, g.state.keep_until)
+    schedule = offload_schedule(sim, offloaded, replays)
     node, between = schedule.memory(sim)
     peak, pos, before = sim.peak_of(g.state.acts_node + node, g.state.acts_between + between, g.mask,
                                     g.state.transient)
