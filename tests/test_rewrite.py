@@ -18,8 +18,8 @@ from acstudio.plan import plan as make_plan
 from acstudio.profile.model import Profile
 from acstudio.profile.replay_rules import replay_rules
 from acstudio.rewrite import RewriteError, rewrite, rewrite_step
+from acstudio.rewrite.batchnorm import drop_running_stats
 from acstudio.rewrite.memory import live_bytes
-from acstudio.rewrite.rewriter import drop_running_stats
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
 

@@ -11,7 +11,7 @@ from test_rewrite import captured, pick
 from acstudio.errors import Cancelled, PlanMismatchError
 from acstudio.jobs import CancelToken
 from acstudio.plan import plan as make_plan
-from acstudio.rewrite import rewriter
+from acstudio.rewrite import batchnorm
 from acstudio.rewrite.verify import KINDS, compare, verify
 
 
@@ -52,7 +52,7 @@ def test_plan_prediction_is_reported_and_checked():
 def test_catches_a_wrong_rewrite(monkeypatch):
     """A replay that updates BatchNorm running statistics a second time must fail verification on buffers."""
     profile = captured("resnet18")[-1]
-    monkeypatch.setattr(rewriter, "drop_running_stats", lambda node: None)
+    monkeypatch.setattr(batchnorm, "drop_running_stats", lambda node: None)
     result = verify(profile, pick(profile, 0.5))
     failed = {c.kind for c in result.comparisons if not c.passed}
     assert not result.passed and failed == {"buffers"}

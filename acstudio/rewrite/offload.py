@@ -28,9 +28,10 @@ import torch.fx as fx
 
 from acstudio.errors import ACStudioError, RewriteError
 from acstudio.profiler import host_available_bytes
+from acstudio.rewrite.facts import FORWARD_REGIONS
+from acstudio.rewrite.passes import RewriteContext
 
 RUNTIME_ATTR = "acstudio_offload"
-FORWARD_REGIONS = ("forward", "loss")
 
 
 class HostMemoryError(ACStudioError):
@@ -254,6 +255,37 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
                                profile.nodes[int(schedule.prefetch[slot])].id,
                                profile.nodes[int(schedule.first_bw[slot])].id, profile.nodes[needed].id))
     return records
+
+
+class OffloadActivations:
+    """Inserts the copies of the plan's offloaded activations where the simulator schedules them beside the plan's
+    replays (so it runs after the replays are in place)."""
+
+    name = "offload"
+
+    def requires(self, gm: fx.GraphModule, ctx: RewriteContext) -> None:
+        pass
+
+    def call(self, gm: fx.GraphModule, ctx: RewriteContext) -> bool:
+        from acstudio.simulate.modes import offload_indices
+        from acstudio.simulate.simulator import Simulator
+
+        sim = Simulator(ctx.profile, keep_random=ctx.keep_random)
+        try:
+            ks = offload_indices(sim, ctx.offloaded)
+            schedule = ctx.mode.offload(sim, ctx.mode.schedule(sim, sim.indices(ctx.recomputed)), ks)
+        except ACStudioError as exc:
+            raise RewriteError(str(exc)) from None
+        dropped = [sim.replay.act_ids[k] for k in sorted(set(ks) - set(schedule.offloaded.tolist()))]
+        if dropped:
+            raise RewriteError(f"activation {dropped[0]} cannot be offloaded in this plan: it is recomputed")
+        ctx.offloads = insert_offload(gm, ctx.profile, schedule, sim.offload_facts)
+        return True
+
+    def ensures(self, gm: fx.GraphModule, ctx: RewriteContext) -> None:
+        placed = [o.activation for o in ctx.offloads]
+        if set(placed) != set(ctx.offloaded):
+            raise AssertionError(f"offloaded {placed}, planned {ctx.offloaded}")
 
 
 def _label(node: fx.Node, ac_id: str, region: str, storages: list[str]) -> None:
