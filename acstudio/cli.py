@@ -15,7 +15,9 @@ import gc
 import math
 import os
 import shlex
+import signal
 import sys
+import threading
 import traceback
 import warnings
 
@@ -504,6 +506,10 @@ def show_warning(python_way, message, category, filename, lineno, file=None, lin
         python_way(message, category, filename, lineno, file, line)
 
 
+def interrupt_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -518,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.error("--debug needs a command, e.g. acstudio --debug profile ...")
     args.cancel = CancelToken()
+    if threading.current_thread() is threading.main_thread():
+        # `timeout` and job schedulers stop a command with SIGTERM: end as on Ctrl-C, so that the cleanup that
+        # kills workers and removes partial outputs runs (Python's default would exit without it).
+        signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = functools.partial(show_warning, warnings.showwarning)

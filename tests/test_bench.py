@@ -6,6 +6,7 @@ import json
 import math
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -371,6 +372,9 @@ def test_ctrl_c_kills_the_worker_it_waits_for(faulty, tmp_path):
         deadline = time.monotonic() + 20
         while not running() and time.monotonic() < deadline:
             time.sleep(0.1)
+        # A moment later, as a user's Ctrl-C comes: an interrupt inside Popen's own start (the worker exists, its
+        # handle not yet) cannot be answered by anyone, and on a loaded machine that start takes a while.
+        time.sleep(1.0)
         _thread.interrupt_main()
 
     threading.Thread(target=interrupt_once_running, daemon=True).start()
@@ -507,3 +511,31 @@ def test_config_registry_names_the_peers_and_budget_references():
                      ("sac@sac@60%", "another planned")]:
         with pytest.raises(ACStudioError, match=why):
             BenchConfig.parse(bad)
+
+
+def test_sigterm_ends_bench_like_ctrl_c_and_kills_its_worker(faulty, tmp_path):
+    """`timeout` and schedulers stop a command with SIGTERM: bench ends as on Ctrl-C, killing the worker it waits
+    for and leaving no output folder behind."""
+    out = tmp_path / "stopped"
+    spec = faulty("hang")
+    proc = subprocess.Popen([sys.executable, "-m", "acstudio", "bench", spec.model, "-b", "2", "--device", "cpu",
+                             "--configs", "eager", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+    def workers() -> list[str]:  # processes whose command line names this bench's output folder, bench excepted
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                if str(out) in cmdline.read_text(errors="replace") and cmdline.parent.name != str(proc.pid):
+                    found.append(cmdline.parent.name)
+        return found
+
+    deadline = time.monotonic() + 60
+    while not workers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert workers(), "the worker never started"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "cancelled" in err
+    assert not workers() and not out.exists()
