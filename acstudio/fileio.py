@@ -106,12 +106,15 @@ class FolderKind:
     anything else. ``contents``, for a folder that is AC Studio's alone: the entries an earlier output of this
     kind holds, or ``None`` when the folder is not one; then an existing folder must be empty or such an output
     holding nothing else. ``replaced``: the folder is written as a whole, so nothing in it may be an input.
+    ``fresh``: the writer fills the folder step by step and its parts refuse to overwrite each other, so an earlier
+    output is set aside while it runs and dropped only once it succeeds (put back if it fails).
     """
 
     name: str
     files: Mapping[str, FileKind] = field(default_factory=dict)
     contents: Callable[[Path], frozenset[str] | None] | None = None
     replaced: bool = False
+    fresh: bool = False
 
 
 OutputKind = FileKind | FolderKind
@@ -222,13 +225,28 @@ class Outputs:
         """Re-check the outputs, run the block, and on any failure remove what the block created."""
         for name, target, kind in self.outputs:
             self._check(name, target, kind)
+        aside = [_set_aside(target) for _, target, kind in self.outputs
+                 if isinstance(kind, FolderKind) and kind.fresh and target.is_dir() and any(target.iterdir())]
         undo = [_undo_for(target, kind) for _, target, kind in self.outputs]
         try:
             yield
         except BaseException:
             for step in undo:
                 step()
+            for target, kept in aside:
+                if not target.exists():
+                    kept.rename(target)
             raise
+        for _, kept in aside:
+            shutil.rmtree(kept, ignore_errors=True)
+
+
+def _set_aside(target: Path) -> tuple[Path, Path]:
+    """Move the folder ``target`` to a new unique name beside it; (target, where it went)."""
+    kept = Path(tempfile.mkdtemp(prefix=f".{target.name}.earlier-", dir=target.parent))
+    kept.rmdir()
+    target.rename(kept)
+    return target, kept
 
 
 def _refuse_read_only(name: str, target: Path) -> None:
@@ -352,7 +370,7 @@ def _earlier_bench(folder: Path) -> frozenset[str] | None:
     return BENCH_ENTRIES if {p.name for p in folder.iterdir()} <= BENCH_ENTRIES else None
 
 
-BENCH_FOLDER = FolderKind("benchmark folder", contents=_earlier_bench)
+BENCH_FOLDER = FolderKind("benchmark folder", contents=_earlier_bench, fresh=True)
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import TINY_GPT2
 
 from acstudio.cli import main
 from acstudio.plan.solvers import plan as make_plan
@@ -522,3 +523,30 @@ def test_a_file_added_to_the_export_folder_while_exporting_is_kept(work, made, c
     assert "also holds draft.md" in capsys.readouterr().err
     after = snapshot(work)
     assert after.pop("exp/draft.md")[0] == b"saved during the export" and after == before
+
+
+def test_bench_run_again_into_its_earlier_folder_starts_afresh(tmp_path, monkeypatch):
+    """A rerun into an earlier bench folder measures every row again (its workers' profiles and plans do not
+    collide with the earlier run's), and replaces the earlier results only once it succeeds."""
+    import acstudio.bench
+
+    out = tmp_path / "bench"
+    tiny_gpt2 = [arg for pair in TINY_GPT2 for arg in ("--config", pair)]
+    command = ["bench", "gpt2", *tiny_gpt2, "--seq-len", "16", "-b", "2", "--device", "cpu", "--configs",
+               "eager,rewritten@90%,sac@90%", "--warmup", "1", "--iters", "3", "--out", str(out)]
+    assert main(command) == 0
+    first = json.loads((out / "bench.json").read_text())
+    assert main(command) == 0
+    again = json.loads((out / "bench.json").read_text())
+    assert [r["status"] for r in again["rows"]] == ["ok", "ok", "ok"]
+    assert again["meta"]["created"] != first["meta"]["created"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]  # the earlier folder was dropped
+
+    def fails_halfway(spec, batch_sizes, configs, budgets, *, out_dir, **kwargs):
+        Path(out_dir, "workers").mkdir(parents=True)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(acstudio.bench, "run_bench", fails_halfway)
+    assert main(command) == 2
+    assert json.loads((out / "bench.json").read_text()) == again  # put back as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]
