@@ -40,7 +40,7 @@ BATCH_NORM_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.defau
                   "aten._native_batch_norm_legit.default", "aten.miopen_batch_norm.default",
                   "aten._batch_norm_with_update.default"}
 # Random ops (tagged ``nondeterministic_seeded``) that draw numbers are replayed with the generator state their
-# forward drew with (see acstudio.rewrite.rewriter), so by default they are recomputable like any other op.
+# forward drew with (see acstudio.rewrite.rng), so by default they are recomputable like any other op.
 # ``keep_random`` (``--keep-random``) never repeats a random draw instead, for bitwise-exact randomness. Under it,
 # native_dropout is still replayed as ``native_dropout_backward(input, mask, scale)`` on the mask it drew in
 # forward (the same masked scale, no second draw), so the node is replayable while its mask output never is.
