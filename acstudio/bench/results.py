@@ -261,7 +261,7 @@ class BenchResults:
                         if r.get("loss_check")})
         if rules:
             lines.append("\nlosses: every step's loss against " + "; ".join(f"{ref}'s, {rule}" for ref, rule in rules)
-                         + " (DIVERGES: the row does not train like its reference)")
+                         + "; a row marked DIVERGES does not train like its reference")
         for f in self.fits:
             capped = f" (search limit {f['limit']})" if f["capped"] else ""
             lines.append(f"\nlargest batch within {f['budget']}: {f['config']} {f['max_batch']}{capped}")
