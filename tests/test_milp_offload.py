@@ -13,7 +13,9 @@ from acstudio.cli import main
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers.auto import auto_plan
 from acstudio.plan.solvers.milp import _AgainProgram, exact_milp, exact_recompute_set, milp_plan
+from acstudio.plan.solvers.milp_bound import bounded_plan
 from acstudio.plan.solvers.mutwo import offload_greedy, offload_plan, trajectory
 from acstudio.profile.model import HostLink
 from acstudio.rewrite import rewrite
@@ -119,6 +121,20 @@ def test_a_round_limit_answers_with_the_cheaper_of_what_it_found_and_the_incumbe
     assert early.chosen is not None and early.extra_ms <= mu.predicted_extra_ms + 1e-9
     assert early.lower_bound_ms <= best.extra_ms + 1e-9 <= early.extra_ms + 2e-9
     check_simulated(ctx, milp_plan(ctx, budget, early))
+
+
+@pytest.mark.parametrize("seed", [109, 121, 124])
+def test_milp_bound_knows_the_offload_plans_and_says_what_its_bound_covers(seed, small_copies):
+    ctx = PlanContext(on_gpu(random_profile(seed, n_forward=10)), offload=True)
+    budget = tight_budgets(ctx)[0]
+    plan, lower = bounded_plan(ctx, budget)
+    exact = milp_plan(ctx, budget, exact_milp(ctx, budget))
+    recompute_only = exact_milp(ctx.without_offload(), budget)
+    check_simulated(ctx, plan)
+    assert plan.predicted_extra_ms <= min(auto_plan(ctx, budget).predicted_extra_ms, exact.predicted_extra_ms) + 1e-9
+    assert lower <= recompute_only.extra_ms + 1e-9  # proven for recompute-only plans
+    if lower > 0:
+        assert "proven for plans without offload" in plan.stop_reason
 
 
 def test_on_a_real_model_the_plan_offloads_rewrites_as_predicted_and_beats_the_greedy(tmp_path, capsys):

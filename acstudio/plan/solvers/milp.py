@@ -341,6 +341,8 @@ class _Copies:
         by the start of backward; those back whose windows end in backward run from the start of backward and land
         by their first backward use. One running sum per lane, in units of the step's time."""
         rg, prog = self.rg, self.prog
+        if not self.col:
+            return
         regions = [nd.region for nd in ctx.profile.nodes]
         backward = next((i for i, r in enumerate(regions) if r not in FORWARD_REGIONS and i > rg.created.min()),
                         len(regions))
