@@ -247,14 +247,24 @@ class _LazyProgram:
         already)."""
         raise NotImplementedError
 
-    def no_good(self, chosen: list[int], offloaded: list[int]) -> None:
-        """Cut off exactly this solution."""
+    def no_good(self, chosen: list[int], offloaded: list[int], over_budget: bool = True) -> None:
+        """Cut off this solution and, with the same recompute set, those that offload only some of the same
+        activations (``over_budget``: fewer copies free less: without any, exactly as much less as the copies took
+        off) or all of them and more (it stalls: more copies queue longer)."""
+        inside = set(chosen)
         cols = [self.col[k] for k in self.cands]
-        inside = [k in set(chosen) for k in self.cands]
-        if self.copies is not None:
-            cols += list(self.copies.col.values())
-            inside += [s in set(offloaded) for s in self.copies.col]
-        self.prog.row(cols, [-1.0 if i else 1.0 for i in inside], 1.0 - sum(inside))
+        coefs = [-1.0 if k in inside else 1.0 for k in self.cands]
+        lower = 1.0 - len(inside)
+        moved = set(offloaded)
+        for s, o in self.copies.col.items() if self.copies is not None else ():
+            if over_budget and s not in moved:
+                cols.append(o)
+                coefs.append(1.0)
+            elif not over_budget and s in moved:
+                cols.append(o)
+                coefs.append(-1.0)
+                lower -= 1.0
+        self.prog.row(cols, coefs, lower)
 
 
 class _Copies:
@@ -508,9 +518,9 @@ class _AgainProgram(_LazyProgram):
         mode = get_mode("again")
         schedule = mode.schedule(sim, chosen)
         acts_node, acts_between = sim.activation_memory(schedule.mask, schedule.keep_until)
-        copies = mode.offload(sim, schedule, offloaded)
-        if copies is not None:
-            away_node, away_between = copies.memory(sim)
+        offload = mode.offload(sim, schedule, offloaded)
+        if offload is not None:
+            away_node, away_between = offload.memory(sim)
             acts_node, acts_between = acts_node + away_node, acts_between + away_between
         node_mem = sim.base + acts_node
         replay_mem = {}
@@ -522,10 +532,10 @@ class _AgainProgram(_LazyProgram):
         nodes = [int(i) for i in np.argsort(-node_mem, kind="stable") if node_mem[i] > self.budget]
         replays = sorted((a for a, m in replay_mem.items() if m > self.budget), key=lambda a: -replay_mem[a])
         if not nodes and not replays:
-            self.stall_ms = copies.stall_ms if copies is not None else 0.0
+            self.stall_ms = offload.stall_ms if offload is not None else 0.0
             return None
-        if copies is not None:
-            self.copies.learn(copies)
+        if offload is not None:
+            self.copies.learn(offload)
         return ([partial(self.cut_node, i) for i in nodes if self._key(i) not in self.cut_nodes][:POINT_CUTS_PER_ROUND]
                 + [partial(self.cut_replay, a) for a in replays
                    if self._key(a) not in self.cut_replays][:POINT_CUTS_PER_ROUND])
@@ -594,7 +604,7 @@ def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelTok
         for cut in cuts or ():
             cut()
         if not cuts:  # it stalls, or the cuts bound its memory too low: cut the solution itself
-            model.no_good(chosen, offloaded)
+            model.no_good(chosen, offloaded, over_budget=cuts is not None)
         if time.perf_counter() - start > time_limit_s:
             return stop(rounds, f"time limit ({time_limit_s:.0f} s)")
     return stop(max_rounds, f"round limit ({max_rounds})")
