@@ -51,9 +51,12 @@ writes and the start of backward, and the copies back between the start of backw
 fit the host-memory cap. The objective stays the recompute time (the stall estimate within those constraints is
 zero). This is an approximation: copies queue on the link, so a window can be shorter than estimated. Each
 solution is simulated exactly with its copies; where it is over budget, the windows learn the simulated release
-and prefetch of its copies before the cuts are added, and a solution that fits but stalls is kept at its simulated
-time, cut off, and returned unless a cheaper one is found. Its lower bound then holds for the program's estimate of
-the copies, and for every recompute-only plan (the program without offload is a restriction of it).
+and prefetch of its copies before the cuts are added (where the cuts change nothing, the solution is cut off with
+every one of its recompute set that offloads only some of the same activations: with fewer copies the memory is
+higher, exactly so without any). A solution that fits but stalls is kept at its simulated time and cut off with those
+of its recompute set that offload the same and more, and returned unless a cheaper one is found. Its lower bound then
+holds for the program's estimate of the copies, and for every recompute-only plan (the program without offload is a
+restriction of it, and no cut removes a recompute-only plan that fits).
 """
 
 from __future__ import annotations
