@@ -629,7 +629,8 @@ def exact_recompute_set(ctx: PlanContext, budget: int, *, time_limit_s: float = 
         offloaded, extra = _fewest_copies(ctx, budget, out.chosen, out.offloaded, out.objective)
         return MilpResult(out.chosen, extra, out.lower, True, f"optimal{estimated}", out.rounds, offloaded)
     if out.how == "infeasible":
-        return MilpResult(None, 0.0, float("inf"), False, "MILP infeasible: no recompute set fits", out.rounds)
+        what = "recompute set" if model.copies is None else "recompute set, with or without offload,"
+        return MilpResult(None, 0.0, float("inf"), False, f"MILP infeasible: no {what} fits", out.rounds)
     known = []  # (extra ms, recomputed, offloaded) of the solutions that fit
     if out.chosen is not None:
         offloaded, extra = _fewest_copies(ctx, budget, out.chosen, out.offloaded, out.objective)
