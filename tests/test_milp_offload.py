@@ -8,6 +8,7 @@ import pytest
 from test_rewrite import captured
 from test_simulator import random_profile
 
+import acstudio.plan.solvers.milp as milp_module
 import acstudio.simulate.offload as offload_module
 from acstudio.plan import plan as make_plan
 from acstudio.plan.model import Plan
@@ -144,6 +145,21 @@ def test_milp_bound_knows_the_offload_plans_and_says_what_its_bound_covers(seed,
     assert lower <= recompute_only.extra_ms + 1e-9  # proven for recompute-only plans
     if lower > 0:
         assert "proven for plans without offload" in plan.stop_reason
+
+
+def test_stopped_before_any_solution_it_answers_with_mutwos_faster_plan(small_copies, monkeypatch):
+    ctx = PlanContext(on_gpu(random_profile(114, n_forward=10)), offload=True)
+    budget = tight_budgets(ctx)[0]
+    recompute_only = trajectory(ctx).plan_for_budget(budget)
+    moved = offload_plan(ctx, budget)
+    assert moved.feasible and moved.replay_mode == "again"
+    assert moved.predicted_extra_ms < recompute_only.predicted_extra_ms
+    monkeypatch.setattr(milp_module, "_solve_lazily", lambda *_: milp_module._Outcome(None, 0.0, 0.5, 1, "time limit"))
+    stopped = exact_milp(ctx, budget)
+    assert not stopped.optimal and stopped.status.startswith("time limit: the incumbent is within")
+    assert stopped.extra_ms == pytest.approx(moved.predicted_extra_ms) and stopped.lower_bound_ms == 0.5
+    assert sorted(ctx.rg.act_ids[k] for k in stopped.offloaded) == sorted(moved.offloaded)
+    check_simulated(ctx, milp_plan(ctx, budget, stopped))
 
 
 def test_on_a_real_model_the_plan_offloads_rewrites_as_predicted_and_beats_the_greedy():

@@ -74,8 +74,8 @@ import numpy as np
 from acstudio.jobs import CancelToken, check
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers.mutwo import BASELINE_FITS, BUDGET_MET, trajectory
-from acstudio.plan.solvers.registry import solver
+from acstudio.plan.solvers.mutwo import BASELINE_FITS, BUDGET_MET, offload_plan, trajectory
+from acstudio.plan.solvers.registry import best_of, solver
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import FORWARD_REGIONS
 from acstudio.units import format_bytes
@@ -614,11 +614,13 @@ def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelTok
 
 
 def exact_recompute_set(ctx: PlanContext, budget: int, *, time_limit_s: float = 60.0, max_rounds: int = 200,
-                        incumbent: list[int] | None = None, cancel: CancelToken | None = None) -> MilpResult:
+                        incumbent: list[int] | None = None, incumbent_offloaded: list[int] | None = None,
+                        cancel: CancelToken | None = None) -> MilpResult:
     """The optimal recompute set for ``budget`` in replay mode "again" (where the context offloads, with what to
     offload: see the module docstring), or, when ``time_limit_s`` or ``max_rounds`` stops the search, the cheaper
-    of the best solution found and ``incumbent`` (a recompute set that fits, if any) with a proven lower bound."""
-    rg, sim = ctx.rg, ctx.sim
+    of the best solution found and ``incumbent`` (a recompute set that fits, if any, with the activations
+    ``incumbent_offloaded`` it offloads) with a proven lower bound."""
+    sim = ctx.sim
     model = _AgainProgram(ctx, budget)
     why = _relaxed_rows(model)
     if why is not None:
@@ -635,8 +637,10 @@ def exact_recompute_set(ctx: PlanContext, budget: int, *, time_limit_s: float = 
     if out.chosen is not None:
         offloaded, extra = _fewest_copies(ctx, budget, out.chosen, out.offloaded, out.objective)
         known.append((extra, out.chosen, offloaded))
-    if incumbent is not None and sim.peak(incumbent, by_index=True)[0] <= budget:
-        known.append((sim.simulate([rg.act_ids[k] for k in incumbent]).extra_ms, incumbent, []))
+    if incumbent is not None:
+        peak, _, extra = get_mode("again").peak(sim, incumbent, incumbent_offloaded or [])
+        if peak <= budget:
+            known.append((extra, incumbent, list(incumbent_offloaded or [])))
     if not known:
         return MilpResult(None, 0.0, out.lower, False, f"{out.how}: no fitting set found", out.rounds)
     extra, chosen, offloaded = min(known, key=lambda t: t[0])
@@ -761,10 +765,17 @@ PROGRAM_MAX_CANDIDATES = 400
 def exact_milp(ctx: PlanContext, budget: int, time_limit_s: float = MILP_TIME_LIMIT_S,
                cancel: CancelToken | None = None) -> MilpResult:
     """:func:`exact_recompute_set` with μ-TWO's plan as the incumbent (what it answers with, and a bound on, if
-    the time limit stops it first)."""
-    mu = trajectory(ctx, cancel=cancel).plan_for_budget(budget)
+    the time limit stops it first): its recompute-only plan, or where the context offloads the faster of that and
+    its offload plan run in μ-TWO's replay mode."""
+    known = [trajectory(ctx, cancel=cancel).plan_for_budget(budget)]
+    moved = offload_plan(ctx, budget, cancel)
+    if moved is not None:
+        known.append(ctx.plan_for_set(NAME, budget, ctx.sim.indices(moved.recomputed),
+                                      offloaded=[ctx.rg.act_index[a] for a in moved.offloaded]))
+    mu = best_of(known)
     incumbent = [ctx.rg.act_index[a] for a in mu.recomputed] if mu.feasible else None
-    return exact_recompute_set(ctx, budget, time_limit_s=time_limit_s, incumbent=incumbent, cancel=cancel)
+    return exact_recompute_set(ctx, budget, time_limit_s=time_limit_s, incumbent=incumbent,
+                               incumbent_offloaded=[ctx.rg.act_index[a] for a in mu.offloaded], cancel=cancel)
 
 
 @solver(NAME, "exact optimum under μ-TWO's replay model, keeping, recomputing or offloading to host memory; past its "
