@@ -1,6 +1,7 @@
 """Exact and bounded plans from mixed-integer programs (SciPy's HiGHS): what μ-TWO and ``auto`` are measured against.
 
-Both programs decide ``x[k]`` = recompute candidate ``k`` (a binary per activation, see *The decision* below).
+Both programs decide ``x[k]`` = recompute candidate ``k`` (a binary per activation; the exact one, where the plan
+may offload, also ``o[s]``: see *The third decision* below).
 
 :func:`exact_recompute_set` (solver ``milp``) finds the cheapest recompute set whose *simulated* peak fits, in
 μ-TWO's replay mode (``"again"``). Its objective is exactly the simulator's extra time: ``y[a, s]`` marks that
@@ -56,7 +57,8 @@ every one of its recompute set that offloads only some of the same activations: 
 higher, exactly so without any). A solution that fits but stalls is kept at its simulated time and cut off with those
 of its recompute set that offload the same and more, and returned unless a cheaper one is found. Its lower bound then
 holds for the program's estimate of the copies, and for every recompute-only plan (the program without offload is a
-restriction of it, and no cut removes a recompute-only plan that fits).
+restriction of it, and no cut removes a recompute-only plan that fits). Stopped by a limit, :func:`exact_milp`
+answers with the faster of the best solution found and μ-TWO's plans, its offload plan included.
 """
 
 from __future__ import annotations
