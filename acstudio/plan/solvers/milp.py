@@ -1,6 +1,7 @@
 """Exact and bounded plans from mixed-integer programs (SciPy's HiGHS): what μ-TWO and ``auto`` are measured against.
 
-Both programs decide ``x[k]`` = recompute candidate ``k`` (a binary per activation, see *The decision* below).
+Both programs decide ``x[k]`` = recompute candidate ``k`` (a binary per activation; the exact one, where the plan
+may offload, also ``o[s]``: see *The third decision* below).
 
 :func:`exact_recompute_set` (solver ``milp``) finds the cheapest recompute set whose *simulated* peak fits, in
 μ-TWO's replay mode (``"again"``). Its objective is exactly the simulator's extra time: ``y[a, s]`` marks that
@@ -39,20 +40,34 @@ time, and the objective a bound), when none can, or at its limits (the bound so 
 the smaller of the two programs' bounds, a lower bound on every plan in either mode, and returns the fastest plan
 it knows (``auto``'s, ``milp``'s, the shared program's own) with it.
 
-The decision. Today a plan's decision per activation is binary (recomputed or kept: ``Plan.recomputed``). A
-third decision, offload to the CPU, enters here as a second binary ``o[k]`` with ``x[k] + o[k] <= 1``: in the
-memory rows it frees the same gap as ``x[k]`` (less the prefetch window before ``first_bw``, a new term like the
-kept-alive sources), in the objective it costs the transfer time not hidden by compute (a new row per stream),
-and in :class:`~acstudio.plan.model.Plan` it becomes a per-activation enum (keep / recompute / offload) whose
-default "recompute" reads today's files unchanged.
+The third decision. Where the context offloads (:attr:`PlanContext.may_offload`), :func:`exact_recompute_set`
+also decides ``o[s]`` = offload activation ``s`` to host memory, for every activation that can be offloaded
+(:class:`~acstudio.simulate.offload.OffloadFacts`) and whose copies leave it a window off the device, with
+``x[s] + o[s] <= 1`` (:class:`_Copies`). An offloaded activation is absent from the device over a window estimated
+from the link rate as if the link were idle: from the first node that starts once its copy out, issued after its
+last forward write, has ended, to the last node before which its copy back must be issued to land by its first
+backward use, or by the first replay that reads it (``y[a, p]`` of a chain that stops at it). The link is
+constrained so the copies hide: the copies out whose windows begin in forward fit, back to back, between their
+writes and the start of backward, and the copies back between the start of backward and their uses; their bytes
+fit the host-memory cap. The objective stays the recompute time (the stall estimate within those constraints is
+zero). This is an approximation: copies queue on the link, so a window can be shorter than estimated. Each
+solution is simulated exactly with its copies; where it is over budget, the windows learn the simulated release
+and prefetch of its copies before the cuts are added (where the cuts change nothing, the solution is cut off with
+every one of its recompute set that offloads only some of the same activations: with fewer copies the memory is
+higher, exactly so without any). A solution that fits but stalls is kept at its simulated time and cut off with those
+of its recompute set that offload the same and more, and returned unless a cheaper one is found. Its lower bound then
+holds for the program's estimate of the copies, and for every recompute-only plan (the program without offload is a
+restriction of it, and no cut removes a recompute-only plan that fits). Stopped by a limit, :func:`exact_milp`
+answers with the faster of the best solution found and μ-TWO's plans, its offload plan included.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -61,9 +76,11 @@ import numpy as np
 from acstudio.jobs import CancelToken, check
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers.mutwo import BASELINE_FITS, BUDGET_MET, trajectory
-from acstudio.plan.solvers.registry import solver
+from acstudio.plan.solvers.mutwo import BASELINE_FITS, BUDGET_MET, offload_plan, trajectory
+from acstudio.plan.solvers.registry import best_of, solver
 from acstudio.simulate.modes import get_mode
+from acstudio.simulate.replay import FORWARD_REGIONS
+from acstudio.units import format_bytes
 
 REL_GAP = 1e-6  # HiGHS's relative MIP gap: "optimal" means within this of the program's optimum
 POINT_CUTS_PER_ROUND = 8  # over-budget points (of each kind) cut per round, the worst first
@@ -73,10 +90,11 @@ POINT_CUTS_PER_ROUND = 8  # over-budget points (of each kind) cut per round, the
 class MilpResult:
     """What a program proved at one budget.
 
-    ``chosen``: the best recompute set known that fits (activation indices; ``None``: none found);
-    ``extra_ms``: its extra time in the program's mode; ``lower_bound_ms``: a proven lower bound on the extra time
-    of every plan that fits; ``optimal``: ``chosen`` is the program's optimum (to ``REL_GAP``); ``status``: why it
-    stopped, in words; ``rounds``: programs solved."""
+    ``chosen``: the best recompute set known that fits (activation indices; ``None``: none found), with
+    ``offloaded`` (activation indices it copies to the host); ``extra_ms``: its extra time in the program's mode,
+    copy stalls included; ``lower_bound_ms``: a proven lower bound on the extra time of every plan that fits (of
+    plans that offload: under the program's estimate of the copies); ``optimal``: ``chosen`` is the program's
+    optimum (to ``REL_GAP``); ``status``: why it stopped, in words; ``rounds``: programs solved."""
 
     chosen: list[int] | None
     extra_ms: float
@@ -84,6 +102,7 @@ class MilpResult:
     optimal: bool
     status: str
     rounds: int = 1
+    offloaded: list[int] = field(default_factory=list)
 
     @property
     def gap(self) -> float:
@@ -96,17 +115,20 @@ class MilpResult:
 
 
 class _Program:
-    """Columns and rows of a MILP built incrementally; the first ``n_int`` columns are binary."""
+    """Columns and rows of a MILP built incrementally; the first ``n_int`` columns are binary, and so is every
+    column added with ``binary``."""
 
     def __init__(self, n_int: int) -> None:
-        self.n_int = n_int
+        self.binary = list(range(n_int))
         self.cost: list[float] = [0.0] * n_int
         self.upper: list[float] = [1.0] * n_int
         self.rows: list[tuple[list[int], list[float], float, float]] = []  # (columns, coefficients, lower, upper)
 
-    def var(self, cost: float = 0.0, upper: float = 1.0) -> int:
+    def var(self, cost: float = 0.0, upper: float = 1.0, binary: bool = False) -> int:
         self.cost.append(cost)
         self.upper.append(upper)
+        if binary:
+            self.binary.append(len(self.cost) - 1)
         return len(self.cost) - 1
 
     def row(self, cols: list[int], coefs: list[float], lower: float = -np.inf, upper: float = np.inf) -> None:
@@ -123,7 +145,7 @@ class _Program:
         matrix = coo_matrix((vals, (r_idx, c_idx)), shape=(len(self.rows), n)).tocsr()
         cons = LinearConstraint(matrix, [r[2] for r in self.rows], [r[3] for r in self.rows])
         integrality = np.zeros(n)
-        integrality[:self.n_int] = 1
+        integrality[self.binary] = 1
         return interruptible(partial(milp, np.array(self.cost), constraints=cons, integrality=integrality,
                                      bounds=Bounds(0, np.array(self.upper)),
                                      options={"time_limit": max(time_limit_s, 0.01), "mip_rel_gap": REL_GAP}),
@@ -181,27 +203,31 @@ def _pay_once(prog: _Program, rg, chains: dict[int, int]) -> None:
             prog.row([z, column], [1.0, -1.0], 0.0)
 
 
-def _relaxed_rows(ctx: PlanContext, budget: int, prog: _Program, col: dict[int, int]) -> str | None:
+def _relaxed_rows(model: _LazyProgram) -> str | None:
     """Add each over-budget node's row "memory without the extras <= budget" (one per distinct set of activations
-    freed across it, the tightest kept); returns why no set can fit, if so."""
+    freed or offloaded across it, the tightest kept); returns why no set can fit, if so."""
+    ctx, budget, prog, col, copies = model.ctx, model.budget, model.prog, model.col, model.copies
     rg, sim = ctx.rg, ctx.sim
-    mem = np.array([nd.mem_peak for nd in ctx.profile.nodes], dtype=np.int64)
+    mem = model.mem_peak
     cands = np.array(rg.candidates, dtype=np.int64)
-    need: dict[tuple[int, ...], int] = {}
+    need: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
     for i in np.flatnonzero(mem > budget):
         ks = tuple(cands[(rg.last_fw[cands] < i) & (i < rg.first_bw[cands])].tolist())
+        away = copies.away(i) if copies is not None else ()
         over = int(mem[i] - budget)
-        if int(rg.bytes[list(ks)].sum()) < over:
-            return f"at node {sim.node_ids[i]} recomputation cannot free the {over} bytes needed"
-        need[ks] = max(need.get(ks, 0), over)
-    for ks, over in need.items():  # sum(bytes freed) >= over, scaled to 1
-        prog.row([col[k] for k in ks], [rg.bytes[k] / over for k in ks], 1.0)
+        if int(rg.bytes[list({*ks, *away})].sum()) < over:
+            how = "recomputation" if copies is None else "recomputation and offload"
+            return f"at node {sim.node_ids[i]} {how} cannot free the {over} bytes needed"
+        need[ks, away] = max(need.get((ks, away), 0), over)
+    for (ks, away), over in need.items():  # sum(bytes freed) >= over, scaled to 1
+        cols = [col[k] for k in ks] + [copies.col[s] for s in away]
+        prog.row(cols, [rg.bytes[k] / over for k in (*ks, *away)], 1.0)
     return None
 
 
 class _LazyProgram:
-    """A program over ``x[k]`` whose memory rows are added where a solution is over budget (:func:`_solve_lazily`).
-    Subclasses add their columns and rows, and :meth:`cuts`."""
+    """A program over ``x[k]`` (and ``o[s]`` where it offloads) whose memory rows are added where a solution is over
+    budget (:func:`_solve_lazily`). Subclasses add their columns and rows, and :meth:`cuts`."""
 
     def __init__(self, ctx: PlanContext, budget: int) -> None:
         self.ctx, self.budget = ctx, budget
@@ -209,18 +235,148 @@ class _LazyProgram:
         self.col = {k: j for j, k in enumerate(self.cands)}
         self.prog = _Program(len(self.cands))
         self.mem_peak = np.array([nd.mem_peak for nd in ctx.profile.nodes], dtype=np.int64)
-        self.cut_nodes: set[int] = set()
+        self.cut_nodes: set = set()
+        self.copies: _Copies | None = None
+        self.stall_ms = 0.0  # the copy stall of the solution :meth:`cuts` last found fitting
 
-    def cuts(self, chosen: list[int]) -> list[Callable[[], None]] | None:
-        """``None`` if ``chosen`` fits once simulated, else the memory cuts not added yet at its over-budget points,
-        worst first (each adds its rows when called; empty when every such point is cut already)."""
+    def decode(self, x: np.ndarray) -> tuple[list[int], list[int]]:
+        """The recomputed and the offloaded activations of a solution."""
+        chosen = [k for k in self.cands if x[self.col[k]] > 0.5]
+        if self.copies is None:
+            return chosen, []
+        return chosen, [s for s, o in self.copies.col.items() if x[o] > 0.5]
+
+    def cuts(self, chosen: list[int], offloaded: list[int]) -> list[Callable[[], None]] | None:
+        """``None`` if ``chosen`` (with ``offloaded``) fits once simulated, else the memory cuts not added yet at its
+        over-budget points, worst first (each adds its rows when called; empty when every such point is cut
+        already)."""
         raise NotImplementedError
 
-    def no_good(self, chosen: list[int]) -> None:
-        """Cut off exactly this set."""
+    def no_good(self, chosen: list[int], offloaded: list[int], over_budget: bool = True) -> None:
+        """Cut off this solution and, with the same recompute set, those that offload only some of the same
+        activations (``over_budget``: fewer copies free less: without any, exactly as much less as the copies took
+        off) or all of them and more (it stalls: more copies queue longer)."""
         inside = set(chosen)
-        self.prog.row([self.col[k] for k in self.cands], [-1.0 if k in inside else 1.0 for k in self.cands],
-                      1.0 - len(inside))
+        cols = [self.col[k] for k in self.cands]
+        coefs = [-1.0 if k in inside else 1.0 for k in self.cands]
+        lower = 1.0 - len(inside)
+        moved = set(offloaded)
+        for s, o in self.copies.col.items() if self.copies is not None else ():
+            if over_budget and s not in moved:
+                cols.append(o)
+                coefs.append(1.0)
+            elif not over_budget and s in moved:
+                cols.append(o)
+                coefs.append(-1.0)
+                lower -= 1.0
+        self.prog.row(cols, coefs, lower)
+
+
+class _Copies:
+    """The program's offload decision: a column ``o[s]`` per activation that can be offloaded with a window off the
+    device, the windows, and the rows of the link and the host memory (see the module docstring).
+
+    Times are the nodes' run times without replays (replays in backward only lengthen the time a copy back has,
+    so a window estimated without them is never longer for that). The windows only shrink, by what simulated
+    solutions show (:meth:`learn`)."""
+
+    def __init__(self, ctx: PlanContext, prog: _Program, col: dict[int, int], chain: dict[int, dict[int, int]]) -> None:
+        rg, facts = ctx.rg, ctx.sim.offload_facts
+        self.rg, self.prog = rg, prog
+        run = rg.run_ms
+        self.start = np.cumsum(run) - run
+        end = self.start + run
+        self.took = rg.bytes / (ctx.profile.link.duplex_rate * 1e6)  # ms per copy (GB/s is 1e6 bytes per ms)
+        ready_end = np.where(facts.ready >= 0, end[np.maximum(facts.ready, 0)], 0.0)
+        self.ready_end = ready_end
+        self.release = np.clip(np.searchsorted(self.start, ready_end + self.took, side="left"), rg.last_fw + 1,
+                               rg.first_bw)
+        self.latest = rg.first_bw.copy()  # no prefetch after this node (lowered by learn)
+        self.version = 0  # counts the changes of the windows
+        self.col = {s: prog.var(binary=True) for s in np.flatnonzero(facts.offloadable).tolist()
+                    if self.release[s] < self.prefetch(s, int(rg.first_bw[s]))}
+        for s, o in self.col.items():
+            if s in col:  # kept, recomputed or offloaded
+                prog.row([col[s], o], [1.0, 1.0], upper=1.0)
+        # Per offloaded s: the replays that may read it before its first backward use ((node, y[a, p]) of a chain
+        # member p stopping at s; s is then back before that node).
+        self.readers: dict[int, list[tuple[int, int]]] = {}
+        for a, var in chain.items():
+            at = int(rg.first_bw[a])
+            for p, y in var.items():
+                for s in rg.stops[p]:
+                    if s in self.col and at < rg.first_bw[s] and (s in var or not rg.is_candidate[s]):
+                        self.readers.setdefault(s, []).append((at, y))
+        self.held: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._link_rows(ctx)
+        if self.col:  # the host-memory cap
+            prog.row(list(self.col.values()), [rg.bytes[s] / max(ctx.host_memory, 1) for s in self.col], upper=1.0)
+
+    def prefetch(self, s: int, needed: int) -> int:
+        """The node before which the copy back of ``s`` is issued to land by node ``needed`` on an idle link."""
+        node = int(np.searchsorted(self.start, self.start[needed] - self.took[s], side="right")) - 1
+        return min(max(node, int(self.release[s])), needed, int(self.latest[s]))
+
+    def away(self, i: int) -> tuple[int, ...]:
+        """Activations an offload takes off the device during node ``i`` (and just before it), read by no replay."""
+        rg = self.rg
+        return tuple(s for s in self.col if self.release[s] <= i < self.prefetch(s, int(rg.first_bw[s])))
+
+    def terms(self, i: int) -> tuple[list[int], list[float]]:
+        """Columns and byte coefficients of what offloads change at node ``i`` (and just before it): minus each
+        offloaded activation away there, plus it again where a replay before ``i`` read it (``u >= y + o - 1``)."""
+        cols, coefs = [], []
+        for s in self.away(i):
+            o, b = self.col[s], float(self.rg.bytes[s])
+            cols.append(o)
+            coefs.append(-b)
+            back = tuple(sorted({y for at, y in self.readers.get(s, ()) if self.prefetch(s, at) <= i}))
+            if back:
+                if (s, back) not in self.held:
+                    u = self.held[(s, back)] = self.prog.var()
+                    for y in back:
+                        self.prog.row([u, y, o], [1.0, -1.0, -1.0], -1.0)
+                cols.append(self.held[(s, back)])
+                coefs.append(b)
+        return cols, coefs
+
+    def learn(self, schedule) -> None:
+        """Shrink the windows of a simulated solution's copies to where they ran (a queue on the link frees later
+        and fetches earlier than an idle link)."""
+        before = (self.release.copy(), self.latest.copy())
+        for j, s in enumerate(schedule.offloaded.tolist()):
+            self.release[s] = max(self.release[s], schedule.release[j])
+            if not schedule.by_replay[j]:
+                self.latest[s] = min(self.latest[s], schedule.prefetch[j])
+        if not (np.array_equal(before[0], self.release) and np.array_equal(before[1], self.latest)):
+            self.version += 1
+
+    def _link_rows(self, ctx: PlanContext) -> None:
+        """The copies hide: those out whose windows begin in forward run back to back after their writes and end
+        by the start of backward; those back whose windows end in backward run from the start of backward and land
+        by their first backward use. One running sum per lane, in units of the step's time."""
+        rg, prog = self.rg, self.prog
+        if not self.col:
+            return
+        regions = [nd.region for nd in ctx.profile.nodes]
+        backward = next((i for i, r in enumerate(regions) if r not in FORWARD_REGIONS and i > rg.created.min()),
+                        len(regions))
+        t_bw = float(self.start[backward]) if backward < len(regions) else float(self.start[-1])
+        unit = max(float(self.start[-1] + rg.run_ms[-1]), 1e-12)
+        out = sorted((s for s in self.col if self.release[s] < backward), key=lambda s: -self.ready_end[s])
+        back = sorted((s for s in self.col if self.prefetch(s, int(rg.first_bw[s])) >= backward),
+                      key=lambda s: self.start[rg.first_bw[s]])
+        lanes = (((s, t_bw - self.ready_end[s]) for s in out), ((s, self.start[rg.first_bw[s]] - t_bw) for s in back))
+        for lane in lanes:
+            total = None
+            for s, room in lane:  # total >= the previous total + this copy, <= the time it has
+                now = prog.var(upper=max(float(room), 0.0) / unit)
+                cols, coefs = [now, self.col[s]], [1.0, -float(self.took[s]) / unit]
+                if total is not None:
+                    cols.append(total)
+                    coefs.append(-1.0)
+                prog.row(cols, coefs, 0.0)
+                total = now
 
 
 class _AgainProgram(_LazyProgram):
@@ -233,7 +389,7 @@ class _AgainProgram(_LazyProgram):
         for a in self.cands:
             self._add_chain(a)
         self.q: dict[tuple[int, int], int] = {}
-        self.cut_replays: set[int] = set()
+        self.cut_replays: set[tuple[int, int]] = set()
         # Per activation s: recomputations a that may read it as a retained source after its last use, with the
         # chain members p whose stops include it ((a, [p ...]); p = a for its own chain).
         self.readers: dict[int, list[tuple[int, list[int]]]] = {}
@@ -250,6 +406,12 @@ class _AgainProgram(_LazyProgram):
         sim = ctx.sim
         none = np.zeros(len(rg.bytes), dtype=bool)
         _, self.acts_between0 = sim.activation_memory(none, np.full(len(rg.bytes), -1, dtype=np.int64))
+        if ctx.may_offload:
+            self.copies = _Copies(ctx, self.prog, self.col, self.chain)
+
+    def _key(self, point: int) -> tuple[int, int]:
+        """A cut's key: its point, and the copy windows it was made with (a cut made with wider ones is looser)."""
+        return point, self.copies.version if self.copies is not None else 0
 
     def _add_chain(self, a: int) -> None:
         rg, prog, col = self.ctx.rg, self.prog, self.col
@@ -315,9 +477,12 @@ class _AgainProgram(_LazyProgram):
     def cut_node(self, i: int) -> None:
         """Node ``i``'s memory <= budget, exactly (given the chains y selects)."""
         rg = self.ctx.rg
-        self.cut_nodes.add(i)
+        self.cut_nodes.add(self._key(i))
         ks = [k for k in self.cands if rg.last_fw[k] < i < rg.first_bw[k]]
         cols, coefs = self._extras(i, between=False)
+        if self.copies is not None:
+            more = self.copies.terms(i)
+            cols, coefs = cols + more[0], coefs + more[1]
         cols += [self.col[k] for k in ks]
         coefs += [-float(rg.bytes[k]) for k in ks]
         self.prog.row(cols, [c / self.budget for c in coefs], upper=1.0 - self.mem_peak[i] / self.budget)
@@ -325,12 +490,15 @@ class _AgainProgram(_LazyProgram):
     def cut_replay(self, a: int) -> None:
         """If ``a`` is recomputed: memory during its replay <= budget (its transient bounded from below)."""
         rg, sim, prog, B = self.ctx.rg, self.ctx.sim, self.prog, self.budget
-        self.cut_replays.add(a)
         at = int(rg.first_bw[a])
+        self.cut_replays.add(self._key(a))
         const = float(sim.between[at] + self.acts_between0[at])
         ks = [k for k in self.cands if rg.last_fw[k] + 1 <= at <= rg.first_bw[k]]
         before = [b for b in self.cands if rg.first_bw[b] == at and (rg.created[b], b) < (rg.created[a], a)]
         cols, coefs = self._extras(at, between=True)
+        if self.copies is not None:
+            more = self.copies.terms(at)
+            cols, coefs = cols + more[0], coefs + more[1]
         cols += [self.col[k] for k in ks] + [self.col[b] for b in before]
         coefs += [-float(rg.bytes[k]) for k in ks] + [float(rg.bytes[b]) for b in before]
         own = rg.own[a]
@@ -348,87 +516,163 @@ class _AgainProgram(_LazyProgram):
         big_m = max(0.0, most - 1.0)
         prog.row([*cols, self.col[a]], [*scaled, big_m], upper=1.0 - const / B + big_m)
 
-    def cuts(self, chosen: list[int]) -> list[Callable[[], None]] | None:
-        """Cuts at the over-budget nodes and replays (by the recomputed activation) of ``chosen``."""
+    def cuts(self, chosen: list[int], offloaded: list[int]) -> list[Callable[[], None]] | None:
+        """Cuts at the over-budget nodes and replays (by the recomputed activation) of ``chosen`` with its copies
+        (their windows first learn where the copies ran)."""
         rg, sim = self.ctx.rg, self.ctx.sim
-        _, keep_until, transient = sim.schedule_facts(chosen)
-        mask = np.zeros(len(rg.bytes), dtype=bool)
-        mask[chosen] = True
-        acts_node, acts_between = sim.activation_memory(mask, keep_until)
+        mode = get_mode("again")
+        schedule = mode.schedule(sim, chosen)
+        acts_node, acts_between = sim.activation_memory(schedule.mask, schedule.keep_until)
+        offload = mode.offload(sim, schedule, offloaded)
+        if offload is not None:
+            away_node, away_between = offload.memory(sim)
+            acts_node, acts_between = acts_node + away_node, acts_between + away_between
         node_mem = sim.base + acts_node
         replay_mem = {}
         for at in {int(rg.first_bw[a]) for a in chosen}:
             held = 0
             for a in sorted((a for a in chosen if rg.first_bw[a] == at), key=lambda a: (rg.created[a], a)):
-                replay_mem[a] = int(sim.between[at] + acts_between[at] + held + transient[a])
+                replay_mem[a] = int(sim.between[at] + acts_between[at] + held + schedule.transient[a])
                 held += int(rg.bytes[a])
         nodes = [int(i) for i in np.argsort(-node_mem, kind="stable") if node_mem[i] > self.budget]
         replays = sorted((a for a, m in replay_mem.items() if m > self.budget), key=lambda a: -replay_mem[a])
         if not nodes and not replays:
+            self.stall_ms = offload.stall_ms if offload is not None else 0.0
             return None
-        return ([partial(self.cut_node, i) for i in nodes if i not in self.cut_nodes][:POINT_CUTS_PER_ROUND]
-                + [partial(self.cut_replay, a) for a in replays if a not in self.cut_replays][:POINT_CUTS_PER_ROUND])
+        if offload is not None:
+            self.copies.learn(offload)
+        return ([partial(self.cut_node, i) for i in nodes if self._key(i) not in self.cut_nodes][:POINT_CUTS_PER_ROUND]
+                + [partial(self.cut_replay, a) for a in replays
+                   if self._key(a) not in self.cut_replays][:POINT_CUTS_PER_ROUND])
 
 
 @dataclass
 class _Outcome:
-    chosen: list[int] | None  # the last program's solution, if it fits (then it is the program's optimum)
-    objective: float
+    chosen: list[int] | None  # the best solution that fits (if "optimal": the program's optimum)
+    objective: float  # its simulated extra time, copy stalls included
     lower: float  # proven lower bound on the program's optimum over sets that fit
     rounds: int
     how: str  # "optimal", "infeasible", "time limit (N s)" or "round limit (N)"
+    offloaded: list[int] = field(default_factory=list)  # what the solution offloads
 
 
 def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelToken | None) -> _Outcome:
     """Solve ``model``'s program, add its memory cuts where the solution is over budget, and again, until a
     solution fits, none can, or a limit stops it. Every program solved is a relaxation of "fits", so its optimum
-    (HiGHS's dual bound when stopped by time) is a lower bound."""
+    (HiGHS's dual bound when stopped by time) is a lower bound.
+
+    A solution that fits but whose copies stall costs more than its objective: it is kept at its simulated time
+    and cut off, and the search goes on until no solution left can be cheaper (the programs' optimum reaches its
+    time), so the answer is the cheapest either way. When the time limit stops a program, the best solution HiGHS
+    has found is kept too if it fits."""
     start = time.perf_counter()
     lower = 0.0
+    known: _Outcome | None = None  # the cheapest solution found that fits, not yet proven optimal
+
+    def stop(rounds: int, how: str) -> _Outcome:
+        if known is None:
+            return _Outcome(None, 0.0, lower, rounds, how)
+        return dataclasses.replace(known, lower=min(lower, known.objective), rounds=rounds, how=how)
+
+    def fitting(res, rounds: int, chosen: list[int], offloaded: list[int]) -> list[Callable[[], None]] | None:
+        """The cuts of the program's solution; keeps it in ``known`` if it fits and is the cheapest so far."""
+        nonlocal known
+        cuts = model.cuts(chosen, offloaded)
+        if cuts is None:
+            extra = float(res.fun) + model.stall_ms
+            if known is None or extra < known.objective:
+                known = _Outcome(chosen, extra, lower, rounds, "optimal", offloaded)
+        return cuts
+
     for rounds in range(1, max_rounds + 1):
         check(cancel)
         res = model.prog.solve(time_limit_s - (time.perf_counter() - start), cancel)
         if res.status == 2:
+            if known is not None:  # nothing else fits: the cheapest that stalled is the optimum
+                return stop(rounds, "optimal")
             return _Outcome(None, 0.0, float("inf"), rounds, "infeasible")
         if res.status != 0 or res.x is None:
             bound = getattr(res, "mip_dual_bound", None)
             if bound is not None and np.isfinite(bound):
                 lower = max(lower, float(bound))
-            return _Outcome(None, 0.0, lower, rounds, f"time limit ({time_limit_s:.0f} s)")
+            if res.x is not None:
+                fitting(res, rounds, *model.decode(res.x))
+            return stop(rounds, f"time limit ({time_limit_s:.0f} s)")
         bound = getattr(res, "mip_dual_bound", None)  # at most the optimum (equal to REL_GAP)
         lower = max(lower, float(bound) if bound is not None and np.isfinite(bound) else float(res.fun))
-        chosen = [k for k in model.cands if res.x[model.col[k]] > 0.5]
-        cuts = model.cuts(chosen)
-        if cuts is None:
-            return _Outcome(chosen, float(res.fun), lower, rounds, "optimal")
-        for cut in cuts:
+        if known is not None and res.fun >= known.objective * (1 - REL_GAP):
+            return stop(rounds, "optimal")
+        chosen, offloaded = model.decode(res.x)
+        cuts = fitting(res, rounds, chosen, offloaded)
+        if cuts is None and model.stall_ms <= 0.0:
+            return _Outcome(chosen, float(res.fun), lower, rounds, "optimal", offloaded)
+        for cut in cuts or ():
             cut()
-        if not cuts:  # the cuts bound this set's memory too low: cut the set itself
-            model.no_good(chosen)
+        if not cuts:  # it stalls, or the cuts bound its memory too low: cut the solution itself
+            model.no_good(chosen, offloaded, over_budget=cuts is not None)
         if time.perf_counter() - start > time_limit_s:
-            return _Outcome(None, 0.0, lower, rounds, f"time limit ({time_limit_s:.0f} s)")
-    return _Outcome(None, 0.0, lower, max_rounds, f"round limit ({max_rounds})")
+            return stop(rounds, f"time limit ({time_limit_s:.0f} s)")
+    return stop(max_rounds, f"round limit ({max_rounds})")
 
 
 def exact_recompute_set(ctx: PlanContext, budget: int, *, time_limit_s: float = 60.0, max_rounds: int = 200,
-                        incumbent: list[int] | None = None, cancel: CancelToken | None = None) -> MilpResult:
-    """The optimal recompute set for ``budget`` in replay mode "again", or, when ``time_limit_s`` or
-    ``max_rounds`` stops the search, ``incumbent`` (a set that fits, if any) with a proven lower bound."""
-    rg, sim = ctx.rg, ctx.sim
+                        incumbent: list[int] | None = None, incumbent_offloaded: list[int] | None = None,
+                        cancel: CancelToken | None = None) -> MilpResult:
+    """The optimal recompute set for ``budget`` in replay mode "again" (where the context offloads, with what to
+    offload: see the module docstring), or, when ``time_limit_s`` or ``max_rounds`` stops the search, the cheaper
+    of the best solution found and ``incumbent`` (a recompute set that fits, if any, with the activations
+    ``incumbent_offloaded`` it offloads) with a proven lower bound."""
+    sim = ctx.sim
     model = _AgainProgram(ctx, budget)
-    why = _relaxed_rows(ctx, budget, model.prog, model.col)
+    why = _relaxed_rows(model)
     if why is not None:
         return MilpResult(None, 0.0, float("inf"), False, why, 0)
     out = _solve_lazily(model, time_limit_s, max_rounds, cancel)
-    if out.chosen is not None:
-        return MilpResult(out.chosen, out.objective, out.lower, True, "optimal", out.rounds)
+    estimated = "" if model.copies is None else ", copies as estimated"
+    if out.how == "optimal":
+        offloaded, extra = _fewest_copies(ctx, budget, out.chosen, out.offloaded, out.objective)
+        return MilpResult(out.chosen, extra, out.lower, True, f"optimal{estimated}", out.rounds, offloaded)
     if out.how == "infeasible":
-        return MilpResult(None, 0.0, float("inf"), False, "MILP infeasible: no recompute set fits", out.rounds)
-    if incumbent is None or sim.peak(incumbent, by_index=True)[0] > budget:
+        what = "recompute set" if model.copies is None else "recompute set, with or without offload,"
+        return MilpResult(None, 0.0, float("inf"), False, f"MILP infeasible: no {what} fits", out.rounds)
+    known = []  # (extra ms, recomputed, offloaded) of the solutions that fit
+    if out.chosen is not None:
+        offloaded, extra = _fewest_copies(ctx, budget, out.chosen, out.offloaded, out.objective)
+        known.append((extra, out.chosen, offloaded))
+    if incumbent is not None:
+        peak, _, extra = get_mode("again").peak(sim, incumbent, incumbent_offloaded or [])
+        if peak <= budget:
+            known.append((extra, incumbent, list(incumbent_offloaded or [])))
+    if not known:
         return MilpResult(None, 0.0, out.lower, False, f"{out.how}: no fitting set found", out.rounds)
-    known = sim.simulate([rg.act_ids[k] for k in incumbent]).extra_ms
-    status = f"{out.how}: the incumbent is within {known / out.lower - 1:.1%} of the optimum" if out.lower else out.how
-    return MilpResult(incumbent, known, out.lower, known <= out.lower * (1 + REL_GAP), status, out.rounds)
+    extra, chosen, offloaded = min(known, key=lambda t: t[0])
+    status = (f"{out.how}: the {'incumbent' if chosen is incumbent else 'best solution'} is within "
+              f"{extra / out.lower - 1:.1%} of the optimum{estimated}") if out.lower else out.how
+    return MilpResult(chosen, extra, out.lower, extra <= out.lower * (1 + REL_GAP), status, out.rounds, offloaded)
+
+
+def _fewest_copies(ctx: PlanContext, budget: int, chosen: list[int], offloaded: list[int], extra: float
+                   ) -> tuple[list[int], float]:
+    """``offloaded`` less every copy the plan does without (largest first: a copy that saves nothing only uses
+    the link and the host), and the plan's simulated extra time. A column that frees no over-budget point costs
+    the program nothing, so its solver may set it."""
+    if not offloaded:
+        return [], extra
+    mode, sim = get_mode("again"), ctx.sim
+    schedule = mode.schedule(sim, chosen)
+
+    def priced(off: list[int]) -> tuple[int, float]:
+        copies = mode.offload(sim, schedule, off)
+        return mode.evaluate_with(sim, schedule, copies)[0], schedule.extra_ms + (copies.stall_ms if copies else 0.0)
+
+    kept = list(offloaded)
+    extra = priced(kept)[1]
+    for s in sorted(offloaded, key=lambda s: (-ctx.rg.bytes[s], s)):
+        trial = [k for k in kept if k != s]
+        peak, trial_extra = priced(trial)
+        if peak <= budget and trial_extra <= extra + 1e-9:
+            kept, extra = trial, trial_extra
+    return kept, extra
 
 
 class _SharedBound(_LazyProgram):
@@ -482,7 +726,7 @@ class _SharedBound(_LazyProgram):
             coefs.append(float(rg.bytes[s]))
         prog.row(cols, [c / self.budget for c in coefs], upper=1.0 - self.mem_peak[i] / self.budget)
 
-    def cuts(self, chosen: list[int]) -> list[Callable[[], None]] | None:
+    def cuts(self, chosen: list[int], offloaded: list[int]) -> list[Callable[[], None]] | None:
         sim = self.ctx.sim
         mode = get_mode("shared")
         schedule = mode.schedule(sim, chosen)
@@ -499,7 +743,7 @@ def shared_bound(ctx: PlanContext, budget: int, *, time_limit_s: float = 30.0, m
     """A lower bound on the extra time of every plan that fits ``budget`` in replay mode "shared", and the set
     that attains it once it fits there (``chosen``, priced in that mode; ``None`` if stopped first)."""
     model = _SharedBound(ctx, budget)
-    why = _relaxed_rows(ctx, budget, model.prog, model.col)
+    why = _relaxed_rows(model)
     if why is not None:
         return MilpResult(None, 0.0, float("inf"), False, why, 0)
     out = _solve_lazily(model, time_limit_s, max_rounds, cancel)
@@ -523,23 +767,36 @@ PROGRAM_MAX_CANDIDATES = 400
 def exact_milp(ctx: PlanContext, budget: int, time_limit_s: float = MILP_TIME_LIMIT_S,
                cancel: CancelToken | None = None) -> MilpResult:
     """:func:`exact_recompute_set` with μ-TWO's plan as the incumbent (what it answers with, and a bound on, if
-    the time limit stops it first)."""
-    mu = trajectory(ctx, cancel=cancel).plan_for_budget(budget)
+    the time limit stops it first): its recompute-only plan, or where the context offloads the faster of that and
+    its offload plan run in μ-TWO's replay mode."""
+    known = [trajectory(ctx, cancel=cancel).plan_for_budget(budget)]
+    moved = offload_plan(ctx, budget, cancel)
+    if moved is not None:
+        known.append(ctx.plan_for_set(NAME, budget, ctx.sim.indices(moved.recomputed),
+                                      offloaded=[ctx.rg.act_index[a] for a in moved.offloaded]))
+    mu = best_of(known)
     incumbent = [ctx.rg.act_index[a] for a in mu.recomputed] if mu.feasible else None
-    return exact_recompute_set(ctx, budget, time_limit_s=time_limit_s, incumbent=incumbent, cancel=cancel)
+    return exact_recompute_set(ctx, budget, time_limit_s=time_limit_s, incumbent=incumbent,
+                               incumbent_offloaded=[ctx.rg.act_index[a] for a in mu.offloaded], cancel=cancel)
 
 
-@solver(NAME, "exact optimum under μ-TWO's replay model; past its time limit μ-TWO's plan with a proven bound",
-        exact=True)
+@solver(NAME, "exact optimum under μ-TWO's replay model, keeping, recomputing or offloading to host memory; past its "
+              "time limit the best plan found or μ-TWO's, with a proven bound", exact=True)
 def solve_milp(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     return milp_plan(ctx, budget, exact_milp(ctx, budget, cancel=cancel))
 
 
 def milp_plan(ctx: PlanContext, budget: int, result: MilpResult) -> Plan:
-    """The plan of a :class:`MilpResult`; its reason says how it stopped and the bound."""
+    """The plan of a :class:`MilpResult`; its reason says how it stopped and the bound, and what it offloads."""
     if result.chosen is None:
         return ctx.plan_for_set(NAME, budget, [], f"no recompute set fits: {result.status}")
-    if not result.chosen:
+    if not result.chosen and not result.offloaded:
         return ctx.plan_for_set(NAME, budget, [], BASELINE_FITS)
-    return ctx.plan_for_set(NAME, budget, result.chosen,
-                            f"{BUDGET_MET} ({result.status}; lower bound {result.lower_bound_ms:.3f} ms)")
+    plan = ctx.plan_for_set(NAME, budget, result.chosen, offloaded=result.offloaded)
+    reason = f"{BUDGET_MET if plan.feasible else 'budget not met'} ({result.status}; lower bound " \
+             f"{result.lower_bound_ms:.3f} ms)"
+    if plan.offloaded:
+        hidden = "copies hidden" if plan.copies_hidden else f"copies stall {plan.offload_stall_ms:.2f} ms"
+        reason += (f": {len(plan.offloaded)} activations offloaded ({format_bytes(plan.offload_bytes)} each way, "
+                   f"{hidden})")
+    return dataclasses.replace(plan, stop_reason=reason)

@@ -1,5 +1,9 @@
 """``milp-bound``: the fastest plan known and a proven lower bound on every plan's time, in both replay modes
-``auto`` plans in (the smaller of the exact program's bound and the shared-mode program's)."""
+``auto`` plans in (the smaller of the exact program's bound and the shared-mode program's).
+
+Where the context offloads, the plans known include those that offload (auto's, the exact program's), and the
+bound is proven for every recompute-only plan; for plans that offload it holds as far as the exact program's
+estimate of the copies does (:mod:`~acstudio.plan.solvers.milp`), and the reason says so."""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from acstudio.plan.solvers.registry import best_of, solver
 NAME = "milp-bound"
 
 
-@solver(NAME, "the fastest plan known (auto's, milp's, the shared-mode bound's own) and a lower bound on every "
-              "plan's time in both replay modes auto plans in", exact=True)
+@solver(NAME, "the fastest plan known (auto's, milp's, the shared-mode bound's own; with offload where they offload) "
+              "and a lower bound on every plan's time in both replay modes auto plans in", exact=True)
 def solve_milp_bound(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = None) -> Plan:
     return bounded_plan(ctx, budget, cancel)[0]
 
@@ -32,14 +36,17 @@ def bounded_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = Non
     exact = exact or exact_milp(ctx, budget, time_limit_s, cancel)
     shared = shared or shared_bound(ctx, budget, time_limit_s=time_limit_s, cancel=cancel)
     plans = [auto or auto_plan(ctx, budget, cancel, program=shared)]  # auto's candidates include shared's set
-    if exact.chosen:
-        plans.append(ctx.plan_for_set(NAME, budget, exact.chosen))
+    if exact.chosen or exact.offloaded:  # solved in μ-TWO's mode; shared chains may run the same set faster
+        plans += [ctx.plan_for_set(NAME, budget, exact.chosen, mode=mode, offloaded=exact.offloaded)
+                  for mode in ("again", "shared")]
     best = best_of(plans)
     lower = min(exact.lower_bound_ms, shared.lower_bound_ms)
     if not best.feasible:
         why = best.stop_reason
     elif lower > 1e-12:
-        why = (f"{best.stop_reason}; every plan that fits needs at least {lower:.3f} ms, this one is within "
+        proof = " (proven for plans without offload; with offload, as the program estimates the copies)" \
+            if ctx.may_offload else ""
+        why = (f"{best.stop_reason}; every plan that fits needs at least {lower:.3f} ms{proof}, this one is within "
                f"{best.predicted_extra_ms / lower - 1:.1%} of that")
     else:
         why = best.stop_reason
