@@ -306,7 +306,7 @@ def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtb
     session.set_loaded(gpu_loaded)
     assert timeline.lanes_plot.isVisibleTo(timeline) and timeline.host_plot.isVisibleTo(timeline)
     offload, sim = session.state.sim.offload, gpu_loaded.simulator
-    d2h, h2d = copy_spans(timeline.axis, gpu_loaded.profile, session.state.plan, offload)
+    d2h, h2d = copy_spans(timeline.axis, session.state.sim)
     for lane, spans in (("d2h", d2h), ("h2d", h2d)):
         bars = timeline.copy_bars[lane].opts
         assert len(bars["x0"]) == len(offload.offloaded)
@@ -328,7 +328,7 @@ def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtb
     # the other axis draws the same copies there
     timeline.axis_choice.setCurrentIndex(1 - timeline.axis_choice.currentIndex())
     assert np.array_equal(timeline.copy_bars["d2h"].opts["x0"],
-                          copy_spans(timeline.axis, gpu_loaded.profile, session.state.plan, offload)[0][:, 0])
+                          copy_spans(timeline.axis, session.state.sim)[0][:, 0])
     # a plan that offloads nothing empties the lanes; a CPU profile has none
     session.set_budget(session.baseline_bytes)
     assert len(timeline.copy_bars["d2h"].opts["x0"]) == 0 and not timeline.host_bytes.size

@@ -28,10 +28,8 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.graph_view import OFFLOADED
-from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
-from acstudio.simulate import TIMELINE_CATEGORIES
-from acstudio.simulate.offload import OffloadSchedule
+from acstudio.simulate import TIMELINE_CATEGORIES, SimResult
 from acstudio.units import format_bytes
 from acstudio.views.session import Session
 from acstudio.views.timeline import AXES, COPIED_BACK, ON_HOST, TimelineAxis, copy_spans, lifetime_marks
@@ -205,7 +203,7 @@ class TimelineView(QWidget):
         self._starts = np.zeros(0, dtype=np.int64)
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self._timeline: tuple[np.ndarray, int, int] | None = None
-        self._offload: tuple[Plan, OffloadSchedule | None] | None = None
+        self._offload: SimResult | None = None  # the shown plan's simulated step, drawn in the copy lanes
         self.host_bytes = np.zeros(0)  # per node: offloaded bytes held on the host (the host plot bins it)
         self._live: np.ndarray | None = None
         self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
@@ -311,7 +309,7 @@ class TimelineView(QWidget):
         item.setYRange(0, top / GIB * 1.12, padding=0)
         if self._timeline is not None:
             self.set_timeline(*self._timeline)
-        self.set_copies(*(self._offload or (None, None)))
+        self.set_copies(self._offload)
         self.show_selection()
         if self.span.isVisible():
             self._toggle_span(True)
@@ -355,7 +353,7 @@ class TimelineView(QWidget):
         if state.sim is not None:
             pos = self.session.loaded.profile.node_index.get(state.sim.peak_node, -1)
             self.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
-            self.set_copies(state.plan, state.sim.offload)
+            self.set_copies(state.sim)
         self.show_selection()
 
     def set_timeline(self, timeline: np.ndarray, peak_index: int, peak_bytes: int) -> None:
@@ -375,10 +373,11 @@ class TimelineView(QWidget):
             self.peak.setData([x], [peak_bytes / GIB])
             set_label(self.peak_text, f"peak {format_bytes(peak_bytes)}", x, peak_bytes / GIB, centred=True)
 
-    def set_copies(self, plan: Plan | None, offload: OffloadSchedule | None) -> None:
-        """Show the copies of ``plan``'s simulated ``offload`` in their lanes and the host memory they hold (none:
-        empty lanes, no host memory)."""
-        self._offload = (plan, offload) if plan is not None else None
+    def set_copies(self, result: SimResult | None) -> None:
+        """Show the copies of the simulated step ``result`` in their lanes and the host memory they hold (none, or
+        nothing offloaded: empty lanes, no host memory)."""
+        self._offload = result
+        offload = result.offload if result is not None else None
         loaded = self.session.loaded
         if offload is None or self.axis is None or loaded is None or loaded.profile is not self._profile:
             self.host_bytes = np.zeros(0)
@@ -386,7 +385,7 @@ class TimelineView(QWidget):
                 bars.setOpts(x0=[], x1=[], y0=[], height=[])
             self.host_curve.setData([], [])
             return
-        for (lane, (row, _label)), spans in zip(LANES.items(), copy_spans(self.axis, self._profile, plan, offload)):
+        for (lane, (row, _label)), spans in zip(LANES.items(), copy_spans(self.axis, result)):
             n = len(spans)
             self.copy_bars[lane].setOpts(x0=spans[:, 0], x1=spans[:, 1], y0=np.full(n, row - 0.35),
                                          height=np.full(n, 0.7))
