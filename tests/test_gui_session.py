@@ -325,6 +325,15 @@ def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtb
     session.select(act.created_at, act.id)
     marks = dict(timeline.lifetime)
     assert marks[ON_HOST] == offload.release[j] and marks[COPIED_BACK] == offload.prefetch[j]
+    # hovering a node names when it runs in the simulated step
+    from PySide6.QtCore import QPointF
+
+    from acstudio.views.timeline import node_time_text
+
+    i = int(offload.first_bw[j])
+    x = (timeline.axis.edges[i] + timeline.axis.edges[i + 1]) / 2
+    timeline._on_hover((timeline.plot.getPlotItem().vb.mapViewToScene(QPointF(x, 0.0)),))
+    assert timeline.plot.toolTip().endswith(node_time_text(session.state.sim, i))
     # the other axis draws the same copies there
     timeline.axis_choice.setCurrentIndex(1 - timeline.axis_choice.currentIndex())
     assert np.array_equal(timeline.copy_bars["d2h"].opts["x0"],

@@ -10,7 +10,7 @@ import pytest
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import HostLink, Profile
 from acstudio.simulate.modes import get_mode
-from acstudio.views.timeline import TimelineAxis, copy_spans
+from acstudio.views.timeline import TimelineAxis, copy_spans, node_time_text
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_profiles" / "cpu_resnet18_bs4.json.gz"
 SLOW_LINK = HostLink(d2h_gb_s=0.1, h2d_gb_s=0.1, duplex_gb_s=0.1, host_free_bytes=16 * 2**30)
@@ -86,3 +86,17 @@ def test_the_timeline_draws_copies_on_the_simulators_clock(ctx, axis_mode):
     assert lands.any()
     assert np.allclose(h2d[lands, 1], edges[offload.needed[lands]])
     assert (h2d[:, 1] <= edges[offload.needed] + 1e-9).all()
+
+
+def test_a_node_names_when_it_runs_and_what_the_step_does_before_it(ctx):
+    _plan, result = stalling_plan(ctx, "again")
+    clock, offload = result.clock, result.offload
+    i = int(np.argmax(offload.waits))
+    text = node_time_text(result, i)
+    assert text.startswith(f"runs {clock.start[i]:.2f}–{clock.end[i]:.2f} ms into the {clock.step_ms:.2f} ms step")
+    assert f"{offload.waits[i]:.2f} ms waiting for copies" in text
+    plain = int(np.flatnonzero((clock.start == clock.issue) & (ctx.rg.run_ms > 0))[-1])
+    assert node_time_text(result, plain).endswith("(simulated)")
+    recomputed = ctx.sim.simulate([ctx.rg.act_ids[k] for k in ctx.rg.candidates[:1]])
+    at = int(ctx.rg.first_bw[ctx.rg.candidates[0]])
+    assert node_time_text(recomputed, at).endswith(f"after {recomputed.extra_ms:.2f} ms recomputing")

@@ -94,3 +94,15 @@ def copy_spans(axis: TimelineAxis, result: SimResult) -> tuple[np.ndarray, np.nd
     times = np.append(np.column_stack([clock.issue, clock.start]).ravel(), clock.step_ms)
     xs = np.append(np.repeat(axis.edges[:-1], 2), axis.edges[-1])
     return np.interp(result.offload.d2h, times, xs), np.interp(result.offload.h2d, times, xs)
+
+
+def node_time_text(result: SimResult, i: int) -> str:
+    """When node ``i`` runs in the simulated step ``result``, and what the step does right before it (the
+    recomputations inserted there, the waits for late copies), in a line."""
+    clock = result.clock
+    waits = float(result.offload.waits[i]) if result.offload is not None else 0.0
+    replays = float(clock.start[i] - clock.issue[i]) - waits
+    before = [f"{ms:.2f} ms {what}" for ms, what in ((replays, "recomputing"), (waits, "waiting for copies"))
+              if ms > 0.005]
+    text = f"runs {clock.start[i]:.2f}–{clock.end[i]:.2f} ms into the {clock.step_ms:.2f} ms step (simulated)"
+    return text + (f", after {' and '.join(before)}" if before else "")
