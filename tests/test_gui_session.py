@@ -14,7 +14,7 @@ from acstudio.plan import schedule, solvers
 from acstudio.plan.solvers.mutwo import Trajectory
 from acstudio.profile.model import HostLink, Profile
 from acstudio.views.documents import prepare
-from acstudio.views.session import Session
+from acstudio.views.session import InlineJobs, Session
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_profiles" / "cpu_resnet18_bs16_sgd.json.gz"
 
@@ -306,7 +306,7 @@ def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtb
     session.set_loaded(gpu_loaded)
     assert timeline.lanes_plot.isVisibleTo(timeline) and timeline.host_plot.isVisibleTo(timeline)
     offload, sim = session.state.sim.offload, gpu_loaded.simulator
-    d2h, h2d = copy_spans(timeline.axis, gpu_loaded.profile, session.state.plan, offload)
+    d2h, h2d = copy_spans(timeline.axis, session.state.sim)
     for lane, spans in (("d2h", d2h), ("h2d", h2d)):
         bars = timeline.copy_bars[lane].opts
         assert len(bars["x0"]) == len(offload.offloaded)
@@ -325,10 +325,19 @@ def test_timeline_draws_the_copy_lanes_and_host_memory_of_the_simulated_step(qtb
     session.select(act.created_at, act.id)
     marks = dict(timeline.lifetime)
     assert marks[ON_HOST] == offload.release[j] and marks[COPIED_BACK] == offload.prefetch[j]
+    # hovering a node names when it runs in the simulated step
+    from PySide6.QtCore import QPointF
+
+    from acstudio.views.timeline import node_time_text
+
+    i = int(offload.first_bw[j])
+    x = (timeline.axis.edges[i] + timeline.axis.edges[i + 1]) / 2
+    timeline._on_hover((timeline.plot.getPlotItem().vb.mapViewToScene(QPointF(x, 0.0)),))
+    assert timeline.plot.toolTip().endswith(node_time_text(session.state.sim, i))
     # the other axis draws the same copies there
     timeline.axis_choice.setCurrentIndex(1 - timeline.axis_choice.currentIndex())
     assert np.array_equal(timeline.copy_bars["d2h"].opts["x0"],
-                          copy_spans(timeline.axis, gpu_loaded.profile, session.state.plan, offload)[0][:, 0])
+                          copy_spans(timeline.axis, session.state.sim)[0][:, 0])
     # a plan that offloads nothing empties the lanes; a CPU profile has none
     session.set_budget(session.baseline_bytes)
     assert len(timeline.copy_bars["d2h"].opts["x0"]) == 0 and not timeline.host_bytes.size
@@ -363,3 +372,61 @@ def test_inspector_names_the_bytes_moved_whether_copies_hide_and_the_link(qtbot,
     session.set_loaded(unmeasured)
     text = inspector.toPlainText()
     assert "(default)" in text and link_note(unmeasured.profile)[1:40] in text
+
+
+class HeldJobs(InlineJobs):
+    """Jobs that wait until the test lets them run: the session's preview stays on show until then."""
+
+    def __init__(self) -> None:
+        self.held: list = []
+
+    def submit(self, name, fn, on_result, on_error, delay_ms=0) -> None:
+        self.held = [(fn, on_result, on_error)]  # a newer job supersedes the one waiting
+
+    def run(self) -> None:
+        held, self.held = self.held, []
+        for fn, on_result, on_error in held:
+            super().submit("", fn, on_result, on_error)
+
+
+def test_the_preview_says_it_is_recompute_only_or_reuses_a_plan_that_offloads(qtbot, loaded, gpu_loaded):
+    from acstudio.gui.budget_panel import BudgetPanel
+    from acstudio.views.session import PREVIEW_RECOMPUTE_ONLY
+
+    jobs = HeldJobs()
+    session = Session(jobs)
+    panel = BudgetPanel(session, ("auto", "mutwo"))
+    qtbot.addWidget(panel)
+    session.set_loaded(gpu_loaded)
+    # the slider's instant answer is the trajectory's, which recomputes only: the panel says so
+    preview = session.state
+    assert not preview.complete and not preview.plan.offloaded and preview.note == PREVIEW_RECOMPUTE_ONLY
+    assert panel.preview_label.text() == PREVIEW_RECOMPUTE_ONLY
+    jobs.run()
+    rested = session.state
+    assert rested.complete and rested.plan.offloaded and rested.note == "" and panel.preview_label.text() == ""
+    assert rested.plan.predicted_extra_ms < preview.plan.predicted_extra_ms
+    # a looser budget: the plan made for the tighter one fits it too and beats the trajectory's, so it is the
+    # preview (offload included), named as such, until this budget's own plan is made
+    looser = (rested.plan.predicted_peak_bytes + session.baseline_bytes) // 2
+    trajectory_plan = gpu_loaded.trajectory.plan_for_budget(looser)
+    assert trajectory_plan.predicted_extra_ms > rested.plan.predicted_extra_ms
+    session.set_budget(looser)
+    reused = session.state
+    assert not reused.complete and reused.plan.offloaded == rested.plan.offloaded
+    assert reused.plan.budget_bytes == looser and reused.plan.predicted_peak_bytes <= looser
+    assert reused.plan.predicted_extra_ms == rested.plan.predicted_extra_ms
+    assert reused.decisions == rested.decisions
+    assert reused.note.startswith("preview: the plan made for") and panel.preview_label.text() == reused.note
+    assert panel.extra_label.text().startswith(f"{rested.plan.predicted_extra_ms:.2f} ms")
+    jobs.run()
+    assert session.state.complete and panel.preview_label.text() == ""
+    assert session.state.plan.predicted_extra_ms <= rested.plan.predicted_extra_ms
+    # a tighter budget than any plan made so far: back to the trajectory's, recompute only
+    session.set_budget(session.floor_bytes + (rested.plan.budget_bytes - session.floor_bytes) // 2)
+    assert not session.state.plan.offloaded and panel.preview_label.text() == PREVIEW_RECOMPUTE_ONLY
+    # nothing to say where the plan will not offload: the baseline fits, or the profile cannot offload
+    session.set_budget(session.baseline_bytes)
+    assert not session.state.complete and session.state.note == "" and panel.preview_label.text() == ""
+    session.set_loaded(loaded)
+    assert not session.state.complete and session.state.note == "" and panel.preview_label.text() == ""

@@ -60,6 +60,12 @@ class BudgetPanel(QWidget):
         self.status_label = QLabel("–")
         self.status_label.setWordWrap(True)
         self.count_label = QLabel("–")
+        # what a slider step's instant answer is while the plan for its budget is made (empty once it is)
+        self.preview_label = QLabel("")
+        self.preview_label.setWordWrap(True)
+        self.preview_label.setStyleSheet("color: #806000; font-style: italic")
+        # room for the note kept when it is empty: a slider step that sets or clears it does not resize the chart
+        self.preview_label.setMinimumHeight(2 * self.preview_label.fontMetrics().lineSpacing())
         row = QHBoxLayout()
         row.addWidget(self.slider, 1)
         row.addWidget(self.spin)
@@ -71,6 +77,7 @@ class BudgetPanel(QWidget):
         form.addRow("Extra time", self.extra_label)
         form.addRow("Recomputed", self.count_label)
         form.addRow("Status", self.status_label)
+        form.addRow("", self.preview_label)
         self.pareto = pg.PlotWidget(background="w")
         self.pareto.setMinimumHeight(160)
         item = self.pareto.getPlotItem()
@@ -139,6 +146,8 @@ class BudgetPanel(QWidget):
         self.show_prediction(plan.predicted_peak_bytes, plan.predicted_extra_ms, loaded.profile.iteration_ms,
                              len(plan.recomputed), candidates, plan.feasible, how, len(plan.offloaded))
         self.current.setData([float(plan.predicted_extra_ms)], [plan.predicted_peak_bytes / GIB])
+        if self.preview_label.text() != state.note:
+            self.preview_label.setText(state.note)
 
     # -- the user's moves ------------------------------------------------------------------------------------
     def budget_bytes(self) -> int:

@@ -28,13 +28,19 @@ from PySide6.QtWidgets import (
 )
 
 from acstudio.gui.graph_view import OFFLOADED
-from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
-from acstudio.simulate import TIMELINE_CATEGORIES
-from acstudio.simulate.offload import OffloadSchedule
+from acstudio.simulate import TIMELINE_CATEGORIES, SimResult
 from acstudio.units import format_bytes
 from acstudio.views.session import Session
-from acstudio.views.timeline import AXES, COPIED_BACK, ON_HOST, TimelineAxis, copy_spans, lifetime_marks
+from acstudio.views.timeline import (
+    AXES,
+    COPIED_BACK,
+    ON_HOST,
+    TimelineAxis,
+    copy_spans,
+    lifetime_marks,
+    node_time_text,
+)
 
 GIB = float(2**30)
 DRAG_COMMIT_MS = 40  # a budget-line drag is planned for once it pauses this long (as the budget slider is)
@@ -205,7 +211,7 @@ class TimelineView(QWidget):
         self._starts = np.zeros(0, dtype=np.int64)
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self._timeline: tuple[np.ndarray, int, int] | None = None
-        self._offload: tuple[Plan, OffloadSchedule | None] | None = None
+        self._shown: SimResult | None = None  # the simulated step shown: its copy lanes, the node times on hover
         self.host_bytes = np.zeros(0)  # per node: offloaded bytes held on the host (the host plot bins it)
         self._live: np.ndarray | None = None
         self._hover = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_hover)
@@ -263,7 +269,7 @@ class TimelineView(QWidget):
         self._live = None
         self._baseline_total = np.asarray(baseline_total, dtype=float)
         self._floor = floor_bytes
-        self._timeline = self._offload = None
+        self._timeline = self._shown = None
         self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
         self.span_button.setChecked(False)
         self._redraw()
@@ -311,7 +317,7 @@ class TimelineView(QWidget):
         item.setYRange(0, top / GIB * 1.12, padding=0)
         if self._timeline is not None:
             self.set_timeline(*self._timeline)
-        self.set_copies(*(self._offload or (None, None)))
+        self.set_copies(self._shown)
         self.show_selection()
         if self.span.isVisible():
             self._toggle_span(True)
@@ -333,7 +339,7 @@ class TimelineView(QWidget):
         if self._live is None or len(self._live) != n or start == 0:
             self._live = np.full(n, np.nan)
             self._profile = None
-            self._timeline = self._offload = None
+            self._timeline = self._shown = None
             self._cum = np.zeros((0, len(TIMELINE_CATEGORIES)))
             for plot in (self.lanes_plot, self.host_plot):
                 plot.hide()
@@ -355,7 +361,7 @@ class TimelineView(QWidget):
         if state.sim is not None:
             pos = self.session.loaded.profile.node_index.get(state.sim.peak_node, -1)
             self.set_timeline(state.sim.timeline, pos, state.sim.peak_bytes)
-            self.set_copies(state.plan, state.sim.offload)
+            self.set_copies(state.sim)
         self.show_selection()
 
     def set_timeline(self, timeline: np.ndarray, peak_index: int, peak_bytes: int) -> None:
@@ -375,10 +381,11 @@ class TimelineView(QWidget):
             self.peak.setData([x], [peak_bytes / GIB])
             set_label(self.peak_text, f"peak {format_bytes(peak_bytes)}", x, peak_bytes / GIB, centred=True)
 
-    def set_copies(self, plan: Plan | None, offload: OffloadSchedule | None) -> None:
-        """Show the copies of ``plan``'s simulated ``offload`` in their lanes and the host memory they hold (none:
-        empty lanes, no host memory)."""
-        self._offload = (plan, offload) if plan is not None else None
+    def set_copies(self, result: SimResult | None) -> None:
+        """Show the copies of the simulated step ``result`` in their lanes and the host memory they hold (none, or
+        nothing offloaded: empty lanes, no host memory)."""
+        self._shown = result
+        offload = result.offload if result is not None else None
         loaded = self.session.loaded
         if offload is None or self.axis is None or loaded is None or loaded.profile is not self._profile:
             self.host_bytes = np.zeros(0)
@@ -386,7 +393,7 @@ class TimelineView(QWidget):
                 bars.setOpts(x0=[], x1=[], y0=[], height=[])
             self.host_curve.setData([], [])
             return
-        for (lane, (row, _label)), spans in zip(LANES.items(), copy_spans(self.axis, self._profile, plan, offload)):
+        for (lane, (row, _label)), spans in zip(LANES.items(), copy_spans(self.axis, result)):
             n = len(spans)
             self.copy_bars[lane].setOpts(x0=spans[:, 0], x1=spans[:, 1], y0=np.full(n, row - 0.35),
                                          height=np.full(n, 0.7))
@@ -511,6 +518,8 @@ class TimelineView(QWidget):
                 parts.append(f"up to {cat.replace('_', ' ')}: {format_bytes(int(self._cum[i, k] * GIB))}")
         if n.mem_peak:
             parts.append(f"measured peak: {format_bytes(n.mem_peak)}")
+        if self._shown is not None:
+            parts.append(node_time_text(self._shown, i))
         self.plot.setToolTip("\n".join(parts))
 
     def _on_click(self, event) -> None:

@@ -81,8 +81,10 @@ class ReplayMode:
         ids = sim.replay.act_ids
         per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
         stall = offload.stall_ms if offload else 0.0
+        clock = sim.clock([r.at for r in schedule.replays], [r.time_ms for r in schedule.replays],
+                          offload.waits if offload else None)
         return SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms + stall,
-                         timeline=table, recompute_ms=per, offload=offload)
+                         timeline=table, clock=clock, recompute_ms=per, offload=offload)
 
 
 def offload_indices(sim: Simulator, offloaded: Collection[str]) -> list[int]:

@@ -83,7 +83,9 @@ class OffloadSchedule:
     Node indices: ``ready`` (the copy out is issued after it), ``release`` (its device memory is freed before it),
     ``prefetch`` (the copy back is issued, and the memory allocated, before it), ``first_bw``, ``needed`` (it must
     be back before this node, or before the replays inserted there where ``by_replay``); times in ms from the
-    step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies.
+    step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies;
+    ``waits``: per node, how much of it is spent right before that node (around its replays), which the step's
+    clock adds (:meth:`Simulator.clock <acstudio.simulate.simulator.Simulator.clock>`).
     """
 
     offloaded: np.ndarray
@@ -97,6 +99,7 @@ class OffloadSchedule:
     d2h: np.ndarray
     h2d: np.ndarray
     stall_ms: float
+    waits: np.ndarray
 
     @property
     def moved_bytes(self) -> int:
@@ -139,12 +142,9 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     ks = ks_arr.tolist()
     nbytes = rg.bytes[ks_arr]
     duration = nbytes / (link.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
-    at = np.array([r.at for r in replays], dtype=np.int64)
-    replay_ms = np.bincount(at, weights=[r.time_ms for r in replays], minlength=sim.n) if len(at) else np.zeros(sim.n)
-    run = rg.run_ms
-    start = np.cumsum(run + replay_ms) - run  # node i starts (its replays have run)
-    issue = start - replay_ms  # the point before node i where copies are issued and memory released
-    end = start + run
+    clock = sim.clock([r.at for r in replays], [r.time_ms for r in replays])  # the step as planned, no waits yet
+    # issue[i]: the point before node i where copies are issued and memory released; start[i]: its replays have run
+    issue, start, end = clock.issue, clock.start, clock.end
     ready, last_fw, first_bw = facts.ready[ks_arr], rg.last_fw[ks_arr], rg.first_bw[ks_arr]
     first_read = np.full(len(rg.bytes), sim.n, dtype=np.int64)  # per activation, the first replay reading it
     read = [(s, r.at) for r in replays for s in r.sources]
@@ -181,19 +181,24 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     d2h = [[0.0, 0.0] for _ in range(m)]
     h2d = [[0.0, 0.0] for _ in range(m)]
     delay, out_lane, in_lane = 0.0, 0.0, 0.0
-    for t, p, j in zip(at_ms[order].tolist(), phase[order].tolist(), slot[order].tolist()):
+    waits = np.zeros(sim.n)
+    for t, p, j, i in zip(at_ms[order].tolist(), phase[order].tolist(), slot[order].tolist(), node[order].tolist()):
         if p == 4:  # the copy out, after its ready node
             begin = max(t + delay, out_lane)
             out_lane = begin + took[j]
             d2h[j] = [begin, out_lane]
         elif p == 0:  # the compute stream waits for the copy out, then frees the device memory
-            delay += max(0.0, d2h[j][1] - (t + delay))
+            wait = max(0.0, d2h[j][1] - (t + delay))
+            waits[i] += wait
+            delay += wait
         elif p == 1:  # the copy back is issued once the copy out has ended and the lane is free
             begin = max(t + delay, in_lane, d2h[j][1])
             in_lane = begin + took[j]
             h2d[j] = [begin, in_lane]
         else:  # the first use waits for it: a replay reading it (phase 2), else its first backward use (3)
-            delay += max(0.0, h2d[j][1] - (t + delay))
+            wait = max(0.0, h2d[j][1] - (t + delay))
+            waits[i] += wait
+            delay += wait
     d2h, h2d = np.array(d2h).reshape(m, 2), np.array(h2d).reshape(m, 2)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
-                           float(delay))
+                           float(delay), waits)

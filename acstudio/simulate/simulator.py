@@ -26,7 +26,7 @@ cumulative sums; the greedy planner goes further and updates the activation arra
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -45,6 +45,23 @@ _STATIC = {"parameter": "parameter", "buffer": "parameter", "gradient": "gradien
            "optimizer_state": "optimizer_state"}
 
 
+@dataclass(frozen=True)
+class StepClock:
+    """When the simulated step runs each node, in ms from its start: node ``i`` runs from ``start[i]`` to
+    ``end[i]``; ``issue[i]`` is where the step reaches the point before it (the previous node's end), where the
+    recomputations inserted before node ``i`` run and the compute stream waits for late copies, so ``start[i] -
+    issue[i]`` is that node's replays and waits. One clock for every view of the step (the timeline, the copies),
+    so the last node ends at the simulated step time: the nodes' run times plus the extra time."""
+
+    issue: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    @property
+    def step_ms(self) -> float:
+        return float(self.end[-1]) if len(self.end) else 0.0
+
+
 @dataclass
 class SimResult:
     """Simulated memory of one recompute set.
@@ -55,13 +72,14 @@ class SimResult:
     measured memory contains (allocator workspaces). ``retained_activations`` counts every activation in
     memory (retained or already re-materialised), ``recompute_transients`` what a running replay holds (its
     target included). ``peak_node`` is the node where the peak occurs, or before which the peaking
-    recomputation runs.
+    recomputation runs. ``clock``: when each node runs, its replays and the waits for copies included.
     """
 
     peak_bytes: int
     peak_node: str
     extra_ms: float
     timeline: np.ndarray
+    clock: StepClock
     recompute_ms: dict[str, float] = field(default_factory=dict)  # per recomputed activation id
     offload: OffloadSchedule | None = None  # the copies of offloaded activations (their stalls are in extra_ms)
 
@@ -126,6 +144,18 @@ class Simulator:
     def offload_facts(self) -> OffloadFacts:
         """Which activations can be offloaded, and after which node their copy to the host is issued."""
         return OffloadFacts(self)
+
+    def clock(self, at: Sequence[int] = (), replay_ms: Sequence[float] = (), waits: np.ndarray | None = None
+              ) -> StepClock:
+        """The step's clock with replays taking ``replay_ms`` before nodes ``at`` and, where the step offloads, its
+        ``waits`` for copies (:attr:`OffloadSchedule.waits`: per node, ms the compute stream waits before it)."""
+        run = self.replay.run_ms
+        before = np.bincount(np.asarray(at, dtype=np.int64), weights=np.asarray(replay_ms, dtype=np.float64),
+                             minlength=self.n) if len(at) else np.zeros(self.n)
+        if waits is not None:
+            before = before + waits
+        start = np.cumsum(before + run) - run
+        return StepClock(issue=start - before, start=start, end=start + run)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _span(self, start: np.ndarray, end: np.ndarray, weight: np.ndarray, n: int | None = None) -> np.ndarray:
@@ -277,8 +307,9 @@ class Simulator:
         mask[ks] = True
         peak, pos, _, table = self.evaluate(mask, keep_until, transient, timeline=True)
         per = {self.replay.act_ids[k]: e.time_ms for k, e in exps.items()}
+        clock = self.clock(self.replay.first_bw[ks], [exps[k].time_ms for k in ks])
         return SimResult(peak_bytes=peak, peak_node=self.node_ids[pos], extra_ms=float(sum(per.values())),
-                         timeline=table, recompute_ms=per)
+                         timeline=table, clock=clock, recompute_ms=per)
 
 
 class SimState:

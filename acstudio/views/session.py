@@ -9,7 +9,10 @@ A budget is answered in two moves, each made once:
 
 1. at once, a *preview* read off μ-TWO's precomputed trajectory when the solver answers instantly: the recompute
    set, predicted peak, extra time and the decision of every activation (a lookup, microseconds, neither a solve
-   nor a simulation), so a slider step costs one repaint;
+   nor a simulation), so a slider step costs one repaint. The trajectory only recomputes: planning offload takes
+   hundreds of simulations, too slow for a slider step, so where the resting plan may offload the preview is the
+   faster of the trajectory's plan and the fastest plan made before whose predicted peak fits this budget too
+   (a plan for a tighter budget fits a looser one), and says which it is (:attr:`PlanState.note`);
 2. when the budget rests, *one* background job makes the plan and simulates its timeline: for a solver that
    answers instantly, μ-TWO's best plan for the budget (the preview, or its shared-chain form where that is
    faster: tens of simulations, a tenth of a second, too slow for every slider step; on a GPU also its plan
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -35,6 +38,7 @@ from acstudio.plan.model import Plan
 from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS, best_of
 from acstudio.plan.solvers.mutwo import offload_plan
 from acstudio.simulate.simulator import SimResult
+from acstudio.units import format_bytes
 from acstudio.views.documents import Loaded
 from acstudio.views.pareto import measured_points
 from acstudio.views.tables import (
@@ -50,6 +54,8 @@ PLAN_JOB = "plan"
 PLAN_AT_REST_MS = 150  # a previewed budget is solved once it rests this long: a drag does not solve every pause
 SIMULATE_AFTER_MS = 10  # a plan without a preview is solved this long after the step, once it is painted
 CACHE_PLANS = 64  # complete plans kept (the timeline of a 13k-node graph is ~0.6 MB)
+PLAN_FOLLOWS = "the plan for this budget, weighing offload too, follows once it rests"
+PREVIEW_RECOMPUTE_ONLY = f"preview: recompute only; {PLAN_FOLLOWS}"
 
 
 class Event:
@@ -132,11 +138,13 @@ class InlineJobs:
 
 @dataclass
 class PlanState:
-    """The current plan, its decision per activation, and its simulated timeline (``None`` for a preview)."""
+    """The current plan, its decision per activation, and its simulated timeline (``None`` for a preview);
+    ``note``: what a preview is, where it may differ from the plan the budget gets once it rests."""
 
     plan: Plan
     sim: SimResult | None
     decisions: dict[str, str]
+    note: str = ""
 
     @property
     def complete(self) -> bool:
@@ -264,12 +272,27 @@ class Session:
         # plan when it rests (auto's full answer also runs the shared-mode program, seconds per budget on BERT-size
         # graphs: the chart's auto curve comes from the sweep's child process instead).
         if SOLVERS[self.solver].instant:
-            self._show(self.loaded.trajectory.plan_for_budget(self.budget), None)
+            self._show(*self._preview())
             job, delay = partial(refine_and_simulate, self.loaded, self.budget), PLAN_AT_REST_MS
         else:
             self.events.planning.emit(self.solver, self.budget)
             job, delay = partial(solve_and_simulate, self.loaded, self.budget, self.solver), SIMULATE_AFTER_MS
         self.jobs.submit(PLAN_JOB, job, partial(self._on_planned, request), self.events.failed.emit, delay_ms=delay)
+
+    def _preview(self) -> tuple[Plan, None, str]:
+        """The instant answer for the current budget, and what it is where the resting plan may offload: the
+        trajectory's recompute-only plan, or the fastest plan made before for this solver whose predicted peak
+        fits this budget too, where that one is faster (a lookup among the cached plans)."""
+        preview = self.loaded.trajectory.plan_for_budget(self.budget)
+        if not self.loaded.ctx.may_offload or self.budget >= self.baseline_bytes:  # its plan will not offload
+            return preview, None, ""
+        fitting = [plan for (solver, _), (plan, _sim) in self._plans.items()
+                   if solver == self.solver and plan.feasible and plan.predicted_peak_bytes <= self.budget]
+        earlier = min(fitting, key=lambda plan: plan.predicted_extra_ms, default=None)
+        if earlier is None or (preview.feasible and preview.predicted_extra_ms <= earlier.predicted_extra_ms):
+            return preview, None, PREVIEW_RECOMPUTE_ONLY
+        note = f"preview: the plan made for {format_bytes(earlier.budget_bytes)} (it fits here too); {PLAN_FOLLOWS}"
+        return replace(earlier, budget_bytes=self.budget), None, note
 
     def _on_planned(self, request: tuple[str, int], result: tuple[Plan, SimResult]) -> None:
         self._plans[request] = result
@@ -291,8 +314,8 @@ class Session:
         self.jobs.submit(PLAN_JOB, partial(simulate, self.loaded, plan), lambda result: self._show(*result),
                          self.events.failed.emit, delay_ms=SIMULATE_AFTER_MS)
 
-    def _show(self, plan: Plan, sim: SimResult | None) -> None:
-        self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile))
+    def _show(self, plan: Plan, sim: SimResult | None, note: str = "") -> None:
+        self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile), note=note)
         self.events.plan.emit(self.state)
 
     @property

@@ -14,6 +14,7 @@ import numpy as np
 from acstudio.plan.model import Plan
 from acstudio.profile.model import Profile
 from acstudio.simulate.offload import OffloadSchedule
+from acstudio.simulate.simulator import SimResult
 
 AXES = {"time": "time (ms)", "order": "execution order (ops)"}
 ON_HOST = "freed, on the host"  # an offloaded activation's device memory is freed (its copy to the host ended)
@@ -85,24 +86,23 @@ def lifetime_marks(profile: Profile, plan: Plan | None, activation_id: str,
     return marks
 
 
-def step_clock(profile: Profile, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """Node by node, when ``plan``'s step issues what comes before each node (its recomputations) and when the
-    node starts, in ms: the clock :mod:`acstudio.simulate.offload` times the copies on, without the waits for
-    late copies."""
-    run = np.array([node.run_time_ms for node in profile.nodes], dtype=float) * profile.time_scale
-    replay = np.zeros(len(run))
-    np.add.at(replay, [profile.node_index[e.recompute_before] for e in plan.schedule],
-              [e.recompute_ms for e in plan.schedule])
-    start = np.cumsum(run + replay) - run
-    return start - replay, start
-
-
-def copy_spans(axis: TimelineAxis, profile: Profile, plan: Plan, offload: OffloadSchedule
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The device-to-host and the host-to-device copies of ``offload`` as (copies, 2) spans on ``axis``: a time
-    in the step is drawn at the node running then (the recomputations before a node at its left edge)."""
-    issue, start = step_clock(profile, plan)
-    end = start[-1] + profile.time_scale * profile.nodes[-1].run_time_ms if len(start) else 0.0
-    times = np.append(np.column_stack([issue, start]).ravel(), end)
+def copy_spans(axis: TimelineAxis, result: SimResult) -> tuple[np.ndarray, np.ndarray]:
+    """The device-to-host and the host-to-device copies of the simulated step ``result`` (one that offloads) as
+    (copies, 2) spans on ``axis``: a time in the step is drawn at the node running then, on the simulator's clock
+    (the recomputations before a node, and the waits for late copies there, at its left edge)."""
+    clock = result.clock
+    times = np.append(np.column_stack([clock.issue, clock.start]).ravel(), clock.step_ms)
     xs = np.append(np.repeat(axis.edges[:-1], 2), axis.edges[-1])
-    return np.interp(offload.d2h, times, xs), np.interp(offload.h2d, times, xs)
+    return np.interp(result.offload.d2h, times, xs), np.interp(result.offload.h2d, times, xs)
+
+
+def node_time_text(result: SimResult, i: int) -> str:
+    """When node ``i`` runs in the simulated step ``result``, and what the step does right before it (the
+    recomputations inserted there, the waits for late copies), in a line."""
+    clock = result.clock
+    waits = float(result.offload.waits[i]) if result.offload is not None else 0.0
+    replays = float(clock.start[i] - clock.issue[i]) - waits
+    before = [f"{ms:.2f} ms {what}" for ms, what in ((replays, "recomputing"), (waits, "waiting for copies"))
+              if ms > 0.005]
+    text = f"runs {clock.start[i]:.2f}–{clock.end[i]:.2f} ms into the {clock.step_ms:.2f} ms step (simulated)"
+    return text + (f", after {' and '.join(before)}" if before else "")
