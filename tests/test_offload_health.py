@@ -77,7 +77,7 @@ def train(step, model, optimizer, batch, after_step=None) -> list[torch.Tensor]:
     losses = []
     for i in range(STEPS):
         torch.manual_seed(i)  # GPT-2's dropout draws the same masks in both runs
-        losses.append(step.run(model, optimizer, batch))
+        losses.append(step.run(model, optimizer, batch).cpu())  # kept on the device, they would grow its memory
         if after_step is not None:
             after_step(i)
     return losses
