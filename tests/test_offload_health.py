@@ -19,7 +19,7 @@ from acstudio.export import export
 from acstudio.plan.schedule import PlanContext
 from acstudio.rewrite import offload as runtime_module
 from acstudio.rewrite import rewrite_step
-from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError, OffloadRuntime
+from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError, OffloadRuntime, pinned_bytes
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
@@ -142,7 +142,7 @@ def test_fifty_cuda_steps_keep_the_device_peak_and_host_memory_flat():
     assert_trained_alike(losses, model, plain_losses, plain_model)
 
 
-TOO_LITTLE_HOST_MEMORY = r"the plan offloads .+ of activations but the host has only .+ free — .*--no-offload"
+TOO_LITTLE_HOST_MEMORY = r"the plan offloads .+ of activations.* but the host has only .+ free — .*--no-offload"
 
 
 def offload_plan_files(tmp_path):
@@ -178,3 +178,39 @@ def test_load_step_on_a_host_without_the_free_memory_refuses_before_the_first_st
     with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$"):
         acstudio.load_step(tmp_path / "out", w.model, w.make_optimizer())
     assert all(torch.equal(a, b) for a, b in zip(before, w.model.parameters()))
+
+
+def test_pinned_pool_is_checked_at_the_size_torch_pins():
+    assert [pinned_bytes(n) for n in (1, 2, 3, 4096, 4097, 2**30, 2**30 + 1)] == [1, 2, 4, 4096, 8192, 2**30, 2**31]
+
+
+def pool_made_with_free_bytes(step, w, opt, spec, free: int, monkeypatch) -> OffloadRuntime:
+    """Run one step of ``step`` with the host reporting ``free`` bytes available; returns its runtime."""
+    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: free)
+    model, optimizer = fresh_copy(w, opt, spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CpuOffloadWarning)
+        step.run(model, optimizer, w.batch)
+    return getattr(step.gm, runtime_module.RUNTIME_ATTR)
+
+
+def test_a_cpu_pool_takes_exactly_its_bytes(monkeypatch):
+    spec, w, opt, step, _ = offload_and_plain(torch.device("cpu"))
+    needed = getattr(step.gm, runtime_module.RUNTIME_ATTR).pool_bytes
+    assert pinned_bytes(needed) > needed, "the case needs a pool that is no power of two"
+    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$") as refused:
+        pool_made_with_free_bytes(step, w, opt, spec, needed - 1, monkeypatch)
+    assert "pinned as" not in str(refused.value)
+    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.numel() == needed
+
+
+@gpu
+def test_a_cuda_pool_needs_the_pinned_bytes_torch_rounds_it_to(monkeypatch):
+    spec, w, opt, step, _ = offload_and_plain(torch.device("cuda"))
+    pool_bytes = getattr(step.gm, runtime_module.RUNTIME_ATTR).pool_bytes
+    needed = pinned_bytes(pool_bytes)
+    assert needed > pool_bytes, "the case needs a pool that is no power of two"
+    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$") as refused:
+        pool_made_with_free_bytes(step, w, opt, spec, needed - 1, monkeypatch)
+    assert "(pinned as " in str(refused.value)
+    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.is_pinned()
