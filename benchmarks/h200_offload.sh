@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200 runs for offload and for the bench's loss parity: each part one device call (10 minutes at most).
 # Usage: PYTHONPATH=. benchmarks/h200_offload.sh PART [OUT_DIR]
-#   gpu-tests        the CUDA tests of the offload runtime (side-stream copies, pinned pool, bitwise equality)
+#   gpu-tests        the CUDA tests of the offload runtime (side streams, pinned pool, bitwise, 50 steps flat)
 #   parity-resnet152 captured, rewritten and sac rows against eager's losses, ResNet-152 bs64
 #   parity-bert      the same, BERT-base MLM bs16
 #   offload-bert     our plans (offload allowed) at HF GC's and the offload peers' peaks, BERT-base bs16
@@ -32,7 +32,8 @@ list)
   sed -n 's/^#   \([a-z0-9-]*\) .*/\1/p' "$0"
   ;;
 gpu-tests)
-  python3 -m pytest -q -x -p no:cacheprovider tests/test_offload.py tests/test_offload_bench.py
+  python3 -m pytest -q -x -p no:cacheprovider tests/test_offload.py tests/test_offload_bench.py \
+    tests/test_offload_health.py
   ;;
 parity-resnet152)
   bench parity resnet152_bs64 resnet152 -b 64 --configs "$parity_rows"

@@ -70,12 +70,14 @@ class OffloadRuntime(torch.nn.Module):
             if device != self.device:
                 raise ACStudioError(f"this rewritten step offloads from {self.device}; it cannot run on {device}")
             return
-        free = host_available_bytes()
-        if free is not None and self.pool_bytes > free:
-            raise HostMemoryError(
-                f"the plan offloads {self.pool_bytes / 2**30:.2f} GiB of activations but the host has only "
-                f"{free / 2**30:.2f} GiB free — plan with a lower --host-memory, or with --no-offload")
         cuda = device.type == "cuda"
+        needed = pinned_bytes(self.pool_bytes) if cuda else self.pool_bytes
+        free = host_available_bytes()
+        if free is not None and needed > free:
+            pinned = f" (pinned as {needed / 2**30:.2f} GiB)" if needed != self.pool_bytes else ""
+            raise HostMemoryError(
+                f"the plan offloads {self.pool_bytes / 2**30:.2f} GiB of activations{pinned} but the host has only "
+                f"{free / 2**30:.2f} GiB free — plan with a lower --host-memory, or with --no-offload")
         if not cuda:
             warnings.warn("this plan offloads activations but runs on a CPU device: they are copied into a host "
                           "buffer and back, which saves no memory — run it on a GPU for the savings",
@@ -134,6 +136,12 @@ class OffloadRuntime(torch.nn.Module):
         storage = buffer.untyped_storage()
         return tuple(torch.empty(0, dtype=dtype, device=buffer.device).set_(storage, offset, size, stride)
                      for dtype, size, stride, offset in self.layouts[slot])
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """Host memory that a pinned buffer of ``nbytes`` takes: torch's caching host allocator rounds every pinned
+    allocation up to a power of two (so that freed blocks fit later requests), and all of it stays locked."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else nbytes
 
 
 def storage_bytes(tensor: torch.Tensor) -> torch.Tensor:

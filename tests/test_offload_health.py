@@ -1,0 +1,216 @@
+"""Offload over many steps: the pinned pool is made once and reused, host and device memory stay flat, and the
+step trains bit for bit like the same plan without offload."""
+
+import copy
+import os
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import gpu, tiny_spec
+from test_rewrite import captured, quick_profile
+
+import acstudio
+from acstudio.capture import capture_step
+from acstudio.cli import main
+from acstudio.export import export
+from acstudio.plan.schedule import PlanContext
+from acstudio.rewrite import offload as runtime_module
+from acstudio.rewrite import rewrite_step
+from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError, OffloadRuntime, pinned_bytes
+from acstudio.simulate.simulator import Simulator
+from acstudio.workload import build_workload
+from acstudio.workload.spec import make_optimizer
+
+STEPS = 50
+# Large enough that a pool or host buffer leaked per step (50 of them) would be seen above the allocator's noise.
+SMALL_GPT2 = (("n_layer", "2"), ("n_embd", "64"), ("n_head", "2"), ("vocab_size", "120"), ("n_positions", "64"))
+
+
+def resident_bytes() -> int:
+    """This process's resident set size."""
+    try:
+        import psutil
+    except ImportError:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return psutil.Process().memory_info().rss
+
+
+def offload_and_plain(device: torch.device):
+    """A small GPT-2 on ``device``, its step rewritten to offload every activation it can and, for comparison,
+    left as captured (no activation is recomputed in either)."""
+    spec = tiny_spec("gpt2", batch_size=4, seq_len=64, config=SMALL_GPT2)
+    w = build_workload(spec).to(device)
+    opt = w.make_optimizer()
+    step = capture_step(w.model, opt, w.batch, w.loss_fn)
+    profile = quick_profile(spec, step)
+    sim = Simulator(profile)
+    offloaded = [sim.replay.act_ids[k] for k in np.flatnonzero(sim.offload_facts.offloadable)]
+    return spec, w, opt, rewrite_step(step, profile, [], offloaded=offloaded), rewrite_step(step, profile, [])
+
+
+def fresh_copy(w, opt, spec):
+    model = copy.deepcopy(w.model)
+    optimizer = make_optimizer(spec.optimizer, model.parameters())
+    optimizer.load_state_dict(copy.deepcopy(opt.state_dict()))
+    return model, optimizer
+
+
+class CountedPool:
+    """Counts how often ``runtime`` allocates its pool (``ensure_pool`` finding none)."""
+
+    def __init__(self, runtime: OffloadRuntime) -> None:
+        self.made = 0
+        original = runtime.ensure_pool
+
+        def ensure_pool(device):
+            self.made += runtime.pool is None
+            original(device)
+
+        runtime.ensure_pool = ensure_pool
+
+
+def train(step, model, optimizer, batch, after_step=None) -> list[torch.Tensor]:
+    losses = []
+    for i in range(STEPS):
+        torch.manual_seed(i)  # GPT-2's dropout draws the same masks in both runs
+        losses.append(step.run(model, optimizer, batch).cpu())  # kept on the device, they would grow its memory
+        if after_step is not None:
+            after_step(i)
+    return losses
+
+
+def assert_trained_alike(losses, model, plain_losses, plain_model) -> None:
+    assert all(torch.equal(a, b) for a, b in zip(losses, plain_losses, strict=True))
+    for p, q in zip(model.parameters(), plain_model.parameters(), strict=True):
+        assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+
+
+def test_fifty_cpu_steps_reuse_one_pool_and_keep_host_memory_flat():
+    spec, w, opt, step, plain = offload_and_plain(torch.device("cpu"))
+    runtime = getattr(step.gm, runtime_module.RUNTIME_ATTR)
+    pool = CountedPool(runtime)
+    model, optimizer = fresh_copy(w, opt, spec)
+    seen, rss = [], []
+
+    def after_step(i):
+        seen.append((id(runtime.pool), tuple(s.data_ptr() for s in runtime.slots), len(runtime.layouts)))
+        rss.append(resident_bytes())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CpuOffloadWarning)
+        losses = train(step, model, optimizer, w.batch, after_step)
+    assert [type(c.message) for c in caught] == [CpuOffloadWarning], "warned once, when the pool was made"
+    assert "run it on a GPU" in str(caught[0].message)
+    assert pool.made == 1 and len(set(seen)) == 1 and seen[0][2] == len(step.offloads)
+    assert runtime.pool_bytes == sum(o.bytes for o in step.offloads) > 2**20
+    # a pool (or the copies' host buffers) leaked by every step would add 48 pools after the second step
+    assert rss[-1] - rss[1] < 4 * runtime.pool_bytes, [r // 2**20 for r in rss[::10]]
+    plain_model, plain_optimizer = fresh_copy(w, opt, spec)
+    assert_trained_alike(losses, model, train(plain, plain_model, plain_optimizer, w.batch), plain_model)
+
+
+@gpu
+def test_fifty_cuda_steps_keep_the_device_peak_and_host_memory_flat():
+    dev = torch.device("cuda")
+    spec, w, opt, step, plain = offload_and_plain(dev)
+    runtime = getattr(step.gm, runtime_module.RUNTIME_ATTR)
+    pool = CountedPool(runtime)
+    model, optimizer = fresh_copy(w, opt, spec)
+    peaks, allocated, rss = [], [], []
+
+    def after_step(i):
+        torch.cuda.synchronize(dev)
+        peaks.append(torch.cuda.max_memory_allocated(dev))
+        allocated.append(torch.cuda.memory_allocated(dev))
+        rss.append(resident_bytes())
+        torch.cuda.reset_peak_memory_stats(dev)
+
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    losses = train(step, model, optimizer, w.batch, after_step)
+    assert pool.made == 1 and runtime.pool.is_pinned()
+    assert len(set(peaks[2:])) == 1, f"device peak moved after step 2: {sorted(set(peaks[2:]))}"
+    assert len(set(allocated[2:])) == 1, f"memory left allocated grew: {sorted(set(allocated[2:]))}"
+    assert rss[-1] - rss[1] < 64 * 2**20, [r // 2**20 for r in rss[::10]]
+    plain_model, plain_optimizer = fresh_copy(w, opt, spec)
+    torch.cuda.reset_peak_memory_stats(dev)
+    plain_losses = train(plain, plain_model, plain_optimizer, w.batch)
+    assert_trained_alike(losses, model, plain_losses, plain_model)
+
+
+TOO_LITTLE_HOST_MEMORY = r"the plan offloads .+ of activations.* but the host has only .+ free — .*--no-offload"
+
+
+def offload_plan_files(tmp_path):
+    """A tiny GPT-2's profile and a plan that offloads half of what it can (and recomputes two activations)."""
+    *_, profile = captured("gpt2")
+    ctx = PlanContext(profile)
+    offloadable = np.flatnonzero(ctx.sim.offload_facts.offloadable)
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2], offloaded=offloadable[::2])
+    assert plan.offloaded
+    profile.save(tmp_path / "profile.json")
+    plan.save(tmp_path / "plan.json")
+    return profile, plan
+
+
+def test_cli_on_a_host_without_the_free_memory_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    offload_plan_files(tmp_path)
+    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: 1024)
+    assert main(["verify", str(tmp_path / "profile.json"), "--plan", str(tmp_path / "plan.json")]) == 2
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert re.fullmatch(f"acstudio: error: {TOO_LITTLE_HOST_MEMORY}", lines[-1])
+    assert not out.startswith(("PASSED", "FAILED"))
+    assert not [line for line in lines if "Traceback" in line or "HostMemoryError" in line or "offloads activations"
+                in line], "no traceback, and no CPU warning: the pool is checked before it is made"
+
+
+def test_load_step_on_a_host_without_the_free_memory_refuses_before_the_first_step(tmp_path, monkeypatch):
+    profile, plan = offload_plan_files(tmp_path)
+    export(profile, plan, tmp_path / "out")
+    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: 1024)
+    w = build_workload(tiny_spec("gpt2"))
+    before = [p.detach().clone() for p in w.model.parameters()]
+    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$"):
+        acstudio.load_step(tmp_path / "out", w.model, w.make_optimizer())
+    assert all(torch.equal(a, b) for a, b in zip(before, w.model.parameters()))
+
+
+def test_pinned_pool_is_checked_at_the_size_torch_pins():
+    assert [pinned_bytes(n) for n in (1, 2, 3, 4096, 4097, 2**30, 2**30 + 1)] == [1, 2, 4, 4096, 8192, 2**30, 2**31]
+
+
+def pool_made_with_free_bytes(step, w, opt, spec, free: int, monkeypatch) -> OffloadRuntime:
+    """Run one step of ``step`` with the host reporting ``free`` bytes available; returns its runtime."""
+    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: free)
+    model, optimizer = fresh_copy(w, opt, spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CpuOffloadWarning)
+        step.run(model, optimizer, w.batch)
+    return getattr(step.gm, runtime_module.RUNTIME_ATTR)
+
+
+def test_a_cpu_pool_takes_exactly_its_bytes(monkeypatch):
+    spec, w, opt, step, _ = offload_and_plain(torch.device("cpu"))
+    needed = getattr(step.gm, runtime_module.RUNTIME_ATTR).pool_bytes
+    assert pinned_bytes(needed) > needed, "the case needs a pool that is no power of two"
+    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$") as refused:
+        pool_made_with_free_bytes(step, w, opt, spec, needed - 1, monkeypatch)
+    assert "pinned as" not in str(refused.value)
+    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.numel() == needed
+
+
+@gpu
+def test_a_cuda_pool_needs_the_pinned_bytes_torch_rounds_it_to(monkeypatch):
+    spec, w, opt, step, _ = offload_and_plain(torch.device("cuda"))
+    pool_bytes = getattr(step.gm, runtime_module.RUNTIME_ATTR).pool_bytes
+    needed = pinned_bytes(pool_bytes)
+    assert needed > pool_bytes, "the case needs a pool that is no power of two"
+    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$") as refused:
+        pool_made_with_free_bytes(step, w, opt, spec, needed - 1, monkeypatch)
+    assert "(pinned as " in str(refused.value)
+    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.is_pinned()
