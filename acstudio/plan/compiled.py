@@ -32,6 +32,14 @@ their library kernels only, scaled by one factor calibrated the same way as the 
     compile+per-block - compile = scale * the library-kernel eager time of per-module's replays,
 
 so the calibration point is exact; the scale does not change which plan is faster (:func:`compiled_context`).
+
+Compiled plans keep or recompute; they do not offload. Under torch.compile SAC's cache is a tracing artifact, so the
+saved-tensors hooks through which :func:`acstudio.apply_plan` offloads in eager never run, and the partitioner treats
+``CheckpointPolicy.MUST_CPU_OFFLOAD`` as an untagged op. Torch's own activation offloading for compiled graphs
+(``torch._functorch.config.enable_activation_offloading``, marked for testing) offloads only nodes that a joint-graph
+pass marks ``should_offload``, copies each after its last forward use, and makes the compute stream wait for the copy
+either right there (the copy's whole time is added to the step) or at the end of the forward graph (which, for a
+model compiled whole, keeps the memory until the peak has passed): neither takes memory off the peak for free.
 """
 
 from __future__ import annotations
