@@ -25,6 +25,7 @@ from acstudio.rewrite.offload import CpuOffloadWarning
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.offload import offload_schedule
 from acstudio.simulate.sac import OFFLOAD, SAC_MODE, sac_blocks, simulate_sac
+from acstudio.simulate.sharding import per_rank_profile
 from acstudio.simulate.simulator import Simulator
 
 needs_hooks = pytest.mark.skipif(bool(apply_module.offload_unsupported()), reason="this torch's SAC cannot offload")
@@ -173,9 +174,15 @@ def test_offloading_sac_trains_bitwise_like_the_plan_without_offload_and_reuses_
         ours = train(apply_plan(copy.deepcopy(w.model), (profile, plan)), w)
     for a, b in zip(ours, reference, strict=True):
         assert torch.equal(a, b)
+    copies, buffers_made = list(copied), list(made)  # the single-device model's
+    rank = per_rank_profile(profile, 2, "ddp")  # one DDP rank: the modules around the blocks are wrapped too
+    assert sac.SacPolicy.from_plan(rank, plan.recomputed, plan.offloaded).offloads
+    with pytest.warns(CpuOffloadWarning):
+        for a, b in zip(train(apply_plan(copy.deepcopy(w.model), (rank, plan)), w), reference, strict=True):
+            assert torch.equal(a, b)
     n_ops = sum(d.offload for ops in policy.blocks.values() for d in ops)
-    assert len(copied) == 2 * n_ops and sum(copied) <= 2 * policy.offload_bytes  # each offloaded op, each step
-    assert len(made) == n_ops  # the first step fills the pool, the second reuses it
+    assert len(copies) == 2 * n_ops and sum(copies) <= 2 * policy.offload_bytes  # each offloaded op, each step
+    assert len(buffers_made) == n_ops  # the first step fills the pool, the second reuses it
     assert sum(len(b) for b in runtimes[0].pool.values()) == n_ops and not runtimes[0].pending
 
 
