@@ -10,8 +10,9 @@ import weakref
 
 import numpy as np
 import pytest
+import test_sac
 import torch
-from test_sac import captured, train
+from test_sac import LiveStorages, captured, held_at_backward, train
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
@@ -184,6 +185,43 @@ def test_offloading_sac_trains_bitwise_like_the_plan_without_offload_and_reuses_
     assert len(copies) == 2 * n_ops and sum(copies) <= 2 * policy.offload_bytes  # each offloaded op, each step
     assert len(buffers_made) == n_ops  # the first step fills the pool, the second reuses it
     assert sum(len(b) for b in runtimes[0].pool.values()) == n_ops and not runtimes[0].pending
+
+
+HOST_BUFFERS: set[int] = set()  # data pointers of the offload's host buffers
+
+
+class DeviceStorages(LiveStorages):
+    """Live op-made storages less the offload's host buffers (on a CPU device both are in the same memory)."""
+
+    def live(self):
+        return sum(n for r, n in self.refs.values() if r() is not None and r().data_ptr() not in HOST_BUFFERS)
+
+
+@needs_hooks
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+def test_sac_mode_predicts_what_offloading_takes_off_the_device_at_backward(model, monkeypatch):
+    """The offload schedule's saving at the first backward node equals the bytes the offloading model holds less
+    than the same plan without offload when backward starts."""
+    w, _ = captured(model)
+    profile, plan, plain, _ = offload_plans(model)
+    buffer = SacOffload._buffer
+
+    def noting_buffer(self, nbytes, device):
+        made = buffer(self, nbytes, device)
+        HOST_BUFFERS.add(made.data.untyped_storage().data_ptr())
+        return made
+
+    monkeypatch.setattr(SacOffload, "_buffer", noting_buffer)
+    monkeypatch.setattr(test_sac, "LiveStorages", DeviceStorages)
+    held = held_at_backward(apply_plan(copy.deepcopy(w.model), (profile, plain)), w)
+    with pytest.warns(CpuOffloadWarning):
+        held_offloading = held_at_backward(apply_plan(copy.deepcopy(w.model), (profile, plan)), w)
+    sim = Simulator(profile)
+    schedule = SAC_MODE.schedule(sim, sim.indices(plan.recomputed))
+    offload = SAC_MODE.offload(sim, schedule, sim.indices(plan.offloaded))
+    first_bw = next(i for i, nd in enumerate(profile.nodes) if nd.region == "backward")
+    _, between = offload.memory(sim)
+    assert held - held_offloading == -between[first_bw] > 0
 
 
 @needs_hooks
