@@ -4,7 +4,7 @@
 policy saves or recomputes whole *ops*. The blocks are the repeated ones (``layer1.0``, ``transformer.h.3``) and, for
 one rank under FSDP2/DDP, the modules around them (:func:`~acstudio.profile.blocks.sac_blocks`): a decoder's final
 norm and LM head hold activations at the loss, where its peak is. That form differs from the
-rewritten graph's in three ways, all simulated here:
+rewritten graph's in four ways, all simulated here:
 
 * **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when any
   storage it writes is kept, and always when it updates module state in place (``num_batches_tracked += 1``) or
@@ -28,9 +28,9 @@ rewritten graph's in three ways, all simulated here:
   replay. The schedule issues each copy back as late as lets it land in time; ``apply_plan`` issues a block's
   copies back when its own replay starts and when the replay of the block after it (in forward order) starts, so
   they are usually back earlier than predicted (a block's offloaded bytes sooner on the device) and stall where the
-  schedule would have issued them before that block's replay. Activations that leave their block, ops with more
-  than one output and the modules around the blocks keep what they hold on the device (only the plan's other
-  forms, the rewritten step, offload those).
+  schedule would have issued them before that block's replay. Activations that leave their block, outputs of
+  ops with more than one, and what runs outside the wrapped blocks stay on the device (the rewritten step offloads
+  those).
 
 Memory is then the simulator's with each freed activation back from its block's replay and each replay's
 high-water mark (:meth:`~acstudio.simulate.replay.ReplayGraph.transient_bytes`) counting the activations it
