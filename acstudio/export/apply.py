@@ -16,11 +16,13 @@ no host synchronisation. Host buffers come from a pool that the first step fills
 
 What torch offers for ``CheckpointPolicy.MUST_CPU_OFFLOAD``/``PREFER_CPU_OFFLOAD`` is not used: eager SAC caches
 only ``MUST_SAVE``/``PREFER_SAVE`` outputs and recomputes every other policy, offload ones included
-(``_CachingTorchDispatchMode``), and under torch.compile the partitioner reads them as untagged ops, saving or
-recomputing them as its min-cut decides; its activation offloading (``torch._functorch.config
-.enable_activation_offloading``) acts only on nodes a joint-graph pass marks ``should_offload``, which nothing in
-torch derives from those policies. Under torch.compile the saved-tensors hooks do not run either, so a compiled
-block keeps its offloaded outputs on the device (a warning says so).
+(``_CachingTorchDispatchMode``; measured, an offload policy holds and costs what ``MUST_RECOMPUTE`` does), and under
+torch.compile the partitioner reads them as untagged ops, saving or recomputing them as its min-cut decides; its
+activation offloading (``torch._functorch.config.enable_activation_offloading``) acts only on nodes a joint-graph
+pass marks ``should_offload``, which nothing in torch derives from those policies (see :mod:`acstudio.plan.compiled`
+for what it costs). Torch before 2.14 has no ``respect_saved_tensors_hooks``: there SAC's cache bypasses every
+saved-tensors hook and a plan that offloads is refused (:func:`offload_unsupported`). Under torch.compile the hooks
+do not run either, so a compiled block keeps its offloaded outputs on the device (a warning says so).
 
 The wrapper changes no parameter, buffer or name: ``state_dict``, optimizers, FSDP2's ``fully_shard`` and DDP see
 the same model.

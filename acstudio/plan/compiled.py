@@ -35,11 +35,14 @@ so the calibration point is exact; the scale does not change which plan is faste
 
 Compiled plans keep or recompute; they do not offload. Under torch.compile SAC's cache is a tracing artifact, so the
 saved-tensors hooks through which :func:`acstudio.apply_plan` offloads in eager never run, and the partitioner treats
-``CheckpointPolicy.MUST_CPU_OFFLOAD`` as an untagged op. Torch's own activation offloading for compiled graphs
-(``torch._functorch.config.enable_activation_offloading``, marked for testing) offloads only nodes that a joint-graph
-pass marks ``should_offload``, copies each after its last forward use, and makes the compute stream wait for the copy
-either right there (the copy's whole time is added to the step) or at the end of the forward graph (which, for a
-model compiled whole, keeps the memory until the peak has passed): neither takes memory off the peak for free.
+``CheckpointPolicy.MUST_CPU_OFFLOAD`` as an untagged op (its min-cut saved such linear outputs on a decoder, as
+``MUST_SAVE`` would). Torch's own activation offloading for compiled graphs (``torch._functorch.config
+.enable_activation_offloading``, marked for testing) offloads only nodes that a joint-graph pass
+(``joint_custom_pass``) marks ``should_offload``, copying each after its last forward use. In torch 2.11 only its
+synchronous form compiles (its separate-stream form fails in Inductor's fake-tensor pass), and there the compute
+stream waits for every copy: measured on a decoder, it took the offloaded outputs off the peak but made the step
+slower than recomputing them. Torch 2.14's separate-stream form either waits right after each copy or sinks the
+waits to the end of the forward graph, which for a model compiled whole keeps the memory until the peak has passed.
 """
 
 from __future__ import annotations
