@@ -20,7 +20,7 @@ only ``MUST_SAVE``/``PREFER_SAVE`` outputs and recomputes every other policy, of
 torch.compile the partitioner reads them as untagged ops, saving or recomputing them as its min-cut decides; its
 activation offloading (``torch._functorch.config.enable_activation_offloading``) acts only on nodes a joint-graph
 pass marks ``should_offload``, which nothing in torch derives from those policies (see :mod:`acstudio.plan.compiled`
-for what it costs). Torch before 2.14 has no ``respect_saved_tensors_hooks``: there SAC's cache bypasses every
+for what it costs). Torch 2.11 has no ``respect_saved_tensors_hooks``: there SAC's cache bypasses every
 saved-tensors hook and a plan that offloads is refused (:func:`offload_unsupported`). Under torch.compile the hooks
 do not run either, so a compiled block keeps its offloaded outputs on the device (a warning says so).
 
