@@ -314,7 +314,7 @@ def cmd_verify(args) -> int:
 
 def cmd_export(args) -> int:
     from acstudio.export.exporter import EXPORT_FOLDER, FORMATS, export
-    from acstudio.export.sac import OFFLOAD_NOT_CARRIED
+    from acstudio.export.sac import offload_refusal
 
     formats = None if args.format is None else [f.strip() for f in args.format.split(",") if f.strip()]
     unknown = [f for f in formats or () if f not in FORMATS]
@@ -333,8 +333,8 @@ def cmd_export(args) -> int:
         print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
     if "sac_policy.json" in names:
         print(f"or: model = acstudio.apply_plan(model, {args.out!r})  # torch's selective checkpointing")
-    elif formats is None and getattr(plan, "offloaded", None):
-        print(f"no sac_policy.json: {OFFLOAD_NOT_CARRIED}")
+    elif formats is None and getattr(plan, "offloaded", None) and offload_refusal():
+        print(f"no sac_policy.json: {offload_refusal()}")
     return 0
 
 

@@ -17,6 +17,7 @@ from acstudio.capture import capture_step
 from acstudio.cli import main
 from acstudio.errors import ACStudioError, CorruptFileError
 from acstudio.export import ExportError, export, sac
+from acstudio.export import apply as apply_module
 from acstudio.plan import plan as make_plan
 from acstudio.plan.loading import check_plan_derivation, load_plan
 from acstudio.plan.model import Plan
@@ -295,7 +296,8 @@ def test_cuda_link_is_measured_with_pinned_copies():
     assert link.duplex_rate <= min(link.d2h_rate, link.h2d_rate)
 
 
-def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_offload(tmp_path):
+def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_offload(tmp_path, monkeypatch):
+    monkeypatch.setattr(apply_module, "offload_unsupported", lambda: "this torch cannot")  # SAC that cannot offload
     spec, *_, profile = captured("gpt2")
     ctx = PlanContext(profile)
     rc = ctx.rg.candidates[1::3]
@@ -304,7 +306,7 @@ def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_o
     plain = ctx.plan_for_set("mutwo", profile.peak_bytes, rc)
     assert plan.offloaded and plan.recomputed == plain.recomputed
     files = {Path(f).name for f in export(profile, plan, tmp_path / "off")}
-    assert "step.py" in files and sac.POLICY_FILE not in files  # the SAC policy cannot carry offload
+    assert "step.py" in files and sac.POLICY_FILE not in files  # this torch's SAC policy cannot carry offload
     assert sorted(json.loads((tmp_path / "off" / "manifest.json").read_text())["offloaded"]) == sorted(plan.offloaded)
     with pytest.raises(ExportError, match=r"^cannot export the sac format: .* acstudio\.load_step$"):
         export(profile, plan, tmp_path / "sac", formats=["sac"])
@@ -360,7 +362,8 @@ def test_near_the_recompute_floor_offloading_what_replays_read_is_far_cheaper():
     assert plan.offload_bytes > 2**30
 
 
-def test_cli_export_of_an_offload_plan_says_why_there_is_no_sac_policy(tmp_path, capsys):
+def test_cli_export_of_an_offload_plan_says_why_there_is_no_sac_policy(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(apply_module, "offload_unsupported", lambda: "this torch cannot")  # SAC that cannot offload
     *_, profile = captured("gpt2")
     ctx = PlanContext(profile)
     plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2],

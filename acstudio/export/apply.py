@@ -8,6 +8,22 @@ is preserved (non-reentrant checkpoint's ``preserve_rng_state``; under compile, 
 and a block's random ops are all saved or all recomputed, so a replay draws exactly what forward drew. A replay
 leaves the block's buffers as forward left them, so training-mode BatchNorm is recomputed without a second update.
 
+An op the plan offloads is ``MUST_SAVE`` too, and SAC's cache of its output passes through saved-tensors hooks
+(checkpoint's ``respect_saved_tensors_hooks``) that copy its storage to pinned host memory on a side stream, let the
+allocator free it once the copy has read it, and copy it back on a second stream when the block's replay starts
+(and, one block ahead, when the replay of the block after it starts), the compute stream waiting on events only:
+no host synchronisation. Host buffers come from a pool that the first step fills and later steps reuse.
+
+What torch offers for ``CheckpointPolicy.MUST_CPU_OFFLOAD``/``PREFER_CPU_OFFLOAD`` is not used: eager SAC caches
+only ``MUST_SAVE``/``PREFER_SAVE`` outputs and recomputes every other policy, offload ones included
+(``_CachingTorchDispatchMode``; measured, an offload policy holds and costs what ``MUST_RECOMPUTE`` does), and under
+torch.compile the partitioner reads them as untagged ops, saving or recomputing them as its min-cut decides; its
+activation offloading (``torch._functorch.config.enable_activation_offloading``) acts only on nodes a joint-graph
+pass marks ``should_offload``, which nothing in torch derives from those policies (see :mod:`acstudio.plan.compiled`
+for what it costs). Torch 2.11 has no ``respect_saved_tensors_hooks``: there SAC's cache bypasses every
+saved-tensors hook and a plan that offloads is refused (:func:`offload_unsupported`). Under torch.compile the hooks
+do not run either, so a compiled block keeps its offloaded outputs on the device (a warning says so).
+
 The wrapper changes no parameter, buffer or name: ``state_dict``, optimizers, FSDP2's ``fully_shard`` and DDP see
 the same model.
 """
@@ -17,11 +33,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
+import weakref
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import (
     SAC_IGNORED_OPS,
     CheckpointPolicy,
@@ -30,8 +50,10 @@ from torch.utils.checkpoint import (
 )
 
 from acstudio.errors import ACStudioError, PlanMismatchError
-from acstudio.export.sac import OFFLOAD_NOT_CARRIED, POLICY_FILE, OpDecision, SacPolicy
+from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy, offload_refusal
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
+from acstudio.profiler import host_available_bytes
+from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError, storage_bytes
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
 # Overloads that stand for the same computation in make_fx's capture, eager and torch.compile's trace
@@ -77,14 +99,18 @@ class BlockPolicy:
     differs raises :class:`ModelMismatchError` naming it.
     """
 
-    def __init__(self, block: str, ops: list[OpDecision]) -> None:
+    def __init__(self, block: str, ops: list[OpDecision], call: _OffloadCall | None = None) -> None:
         self.block = block
         self.ops = ops
         self.decisions: dict[tuple[str, int], bool] = {}
+        self.offloaded: set[tuple[str, int]] = set()
         seen: Counter[str] = Counter()
         for d in ops:
             self.decisions[(d.op, seen[d.op])] = d.save
+            if d.offload:
+                self.offloaded.add((d.op, seen[d.op]))
             seen[d.op] += 1
+        self.call = call  # where the storages of the outputs to offload are noted (None: offload nothing)
         self.calls = {False: Counter(), True: Counter()}
         self.position = 0
 
@@ -93,14 +119,30 @@ class BlockPolicy:
         if not ctx.is_recompute:
             self.check(op)
         calls = self.calls[ctx.is_recompute]
-        save = self.decisions.get((op, calls[op]))
+        key = (op, calls[op])
+        save = self.decisions.get(key)
         calls[op] += 1
         if save is None and op in _FLOATING:
             return CheckpointPolicy.MUST_RECOMPUTE
         if save is None:
             raise ModelMismatchError(f"block {self.block} ran {op} more often than the profiled model "
                                      "— profile and plan this model again")
+        if key in self.offloaded and not ctx.is_recompute:
+            self.offload(ctx.op_output)
         return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.MUST_RECOMPUTE
+
+    def offload(self, output) -> None:
+        """Note the storages of ``output`` for the saved-tensors hooks to copy to the host (see the module)."""
+        if self.call is None:
+            warnings.warn(f"block {self.block} keeps the outputs the plan offloads on the device: under "
+                          "torch.compile selective checkpointing does not pass what it saves through saved-tensors "
+                          "hooks — run the model eager for the offload, or export the step format and run it with "
+                          "acstudio.load_step", CompiledOffloadWarning, stacklevel=2)
+            return
+        for t in tree_flatten(output)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                storage = t.untyped_storage()
+                self.call.wanted[storage.data_ptr()] = weakref.ref(storage)
 
     def check(self, op: str | None) -> None:
         """Refuse the op the block runs at the current position (``None``: its forward ended) unless recorded."""
@@ -147,16 +189,20 @@ def _under_compile() -> bool:
     return torch.compiler.is_compiling() or torch._guards.TracingContext.try_get() is not None
 
 
-def _contexts(block: str, module: torch.nn.Module, ops: list[OpDecision], policies: list[BlockPolicy]):
-    """``context_fn`` of one checkpoint call: a fresh policy (its own counters) in SAC's two contexts.
+def _contexts(block: str, module: torch.nn.Module, ops: list[OpDecision], policies: list[BlockPolicy],
+              call: _OffloadCall | None = None):
+    """``context_fn`` of one checkpoint call: a fresh policy (its own counters) in SAC's two contexts; with
+    ``call``, the replay first brings back what the call offloaded (:meth:`SacOffload.replaying`).
 
     Under torch.compile the partitioner recomputes the functional ops only and mutates buffers once, in forward,
     so the buffers are restored in eager only (torch 2.11 also refuses any recompute context but SAC's own)."""
-    policy = BlockPolicy(block, ops)
+    policy = BlockPolicy(block, ops, call)
     policies.append(policy)
     forward_context, recompute_context = create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
     if _under_compile():
         return forward_context, recompute_context
+    if call is not None:
+        recompute_context = call.runtime.replaying(call, recompute_context)
     return forward_context, _buffers_restored(module, recompute_context)
 
 
@@ -166,23 +212,34 @@ def _recompute_all_context(module: torch.nn.Module):
     return contextlib.nullcontext(), _buffers_restored(module, contextlib.nullcontext())
 
 
-def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> None:
+def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offload: SacOffload | None = None
+               ) -> None:
     """Make ``module``'s forward run under a checkpoint with the SAC policy ``ops`` (rewrapping replaces).
 
     A block whose ops are all recomputed (floating ones aside, and updates of module state, whose buffers the plain
     checkpoint puts back after its replay) runs its first eager call under the policy, which checks that the model
     matches, and every later one under a plain non-reentrant checkpoint, as per-block checkpointing does: SAC's
     dispatch mode runs Python for every op, twice, which makes an eager step host-bound, even for blocks that save
-    only their BatchNorm counters (docs/results.md measures it)."""
+    only their BatchNorm counters (docs/results.md measures it). A block with ``offload`` decisions copies those
+    outputs to the host through ``offload`` (eager only; see the module)."""
     inner = getattr(module, _INNER, module.forward)
-    ops = [OpDecision(canonical(d.op), d.module, d.save, d.updates_state) for d in ops if d.op not in _IGNORED]
+    ops = [OpDecision(canonical(d.op), d.module, d.save, d.updates_state, d.offload) for d in ops
+           if d.op not in _IGNORED]
     policies: list[BlockPolicy] = []
     plain = not any(d.save and not d.updates_state for d in ops if d.op not in _FLOATING)
+    offloads = offload is not None and any(d.offload for d in ops)
     checked = False
     submodules = list(module.named_modules())
 
     def context_fn():  # a plain function: torch.compile keeps it as a constant and calls it when tracing
         return _contexts(block, module, ops, policies)
+
+    def offloading_checkpoint(*args, **kwargs):
+        """The checkpoint with this call's offload: SAC's cache through the offload's saved-tensors hooks."""
+        call = offload.call()
+        with torch.autograd.graph.saved_tensors_hooks(call.pack, call.unpack):
+            return checkpoint(inner, *args, use_reentrant=False, respect_saved_tensors_hooks=True,
+                              context_fn=functools.partial(_contexts, block, module, ops, policies, call), **kwargs)
 
     def forward(*args, **kwargs):
         nonlocal checked
@@ -194,7 +251,10 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision]) -> No
         if plain and checked:
             return checkpoint(inner, *args, use_reentrant=False,
                               context_fn=functools.partial(_recompute_all_context, module), **kwargs)
-        out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+        if offloads and not _under_compile():
+            out = offloading_checkpoint(*args, **kwargs)
+        else:
+            out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
         if policies and not _under_compile():
             policies.pop().check(None)  # eager: the block ran all the recorded ops
             policies.clear()
@@ -241,9 +301,7 @@ def load_policy(plan) -> SacPolicy:
     if isinstance(plan, tuple) and len(plan) == 2:
         profile, p = plan
         p.check_profile(profile)
-        if getattr(p, "offloaded", ()):
-            raise ACStudioError(f"apply_plan cannot run this plan: {OFFLOAD_NOT_CARRIED}")
-        return SacPolicy.from_plan(profile, p.recomputed)
+        return SacPolicy.from_plan(profile, p.recomputed, getattr(p, "offloaded", ()))
     raise ACStudioError(f"apply_plan takes an export folder or a (profile, plan) pair, not {type(plan).__name__}")
 
 
@@ -255,11 +313,15 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
     plan all keeps is left as it is. Call it before ``torch.compile``, ``fully_shard`` or DDP. A model with other
     blocks than the profiled one is refused here; the first forward raises :class:`ModelMismatchError` if the model
     runs other ops than the profiled one, and a training forward with a module of a wrapped block in eval mode
-    is refused. What the eager model decides for itself is followed exactly: its dropout probabilities (a block's
+    is refused. A plan that offloads runs where this torch passes SAC's cache through saved-tensors hooks
+(:func:`offload_unsupported`), and is refused with the form that runs it elsewhere. What the eager model decides
+for itself is followed exactly: its dropout probabilities (a block's
     random ops are saved or replayed with the random state they drew from), frozen parameters (no gradient, no
     update) and evaluation under ``torch.no_grad()`` (the blocks run unwrapped).
     """
     policy = load_policy(plan)
+    if policy.offloads and offload_refusal():
+        raise ACStudioError(f"apply_plan cannot run this plan: {offload_refusal()}")
     if getattr(getattr(model, "config", None), "use_cache", False):
         raise ACStudioError("the model keeps a KV cache (config.use_cache=True), which a replayed block would "
                             "update twice — set model.config.use_cache = False for training, and profile it so")
@@ -269,6 +331,205 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
             raise ModelMismatchError(f"the model has no module {block!r}, a block of the plan "
                                      "— profile and plan this model again")
     check_containers(policy, modules)
+    offload = SacOffload(policy.offload_bytes) if policy.offloads else None
     for block, ops in policy.blocks.items():
-        wrap_block(modules[block], block, ops)
+        wrap_block(modules[block], block, ops, offload)
     return model
+
+
+_NO_OFFLOAD = ("torch {}'s selective checkpointing keeps what it saves on the device (it passes no saved tensor to "
+               "saved-tensors hooks, and recomputes a CheckpointPolicy.MUST_CPU_OFFLOAD op)")
+
+
+class CompiledOffloadWarning(UserWarning):
+    """A block with offload decisions runs under torch.compile, which keeps those outputs on the device."""
+
+
+@functools.cache
+def offload_unsupported() -> str:
+    """Why this torch cannot run a SAC policy's offload decisions ("" where it can): tried, not read off the
+    version. Offload needs SAC's cache to pass through saved-tensors hooks; a torch without checkpoint's
+    ``respect_saved_tensors_hooks`` keeps what SAC saves on the device whatever hook is active, and eager SAC
+    recomputes a ``MUST_CPU_OFFLOAD`` op instead of offloading it."""
+    packed = set()
+
+    def pack(t):
+        packed.add(t.untyped_storage().data_ptr())
+        return t
+
+    x = torch.ones(2, requires_grad=True)
+    saves = functools.partial(create_selective_checkpoint_contexts, lambda *args, **kwargs: CheckpointPolicy.MUST_SAVE)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            cached = checkpoint(torch.sin, x, use_reentrant=False, context_fn=saves, respect_saved_tensors_hooks=True)
+    except TypeError:
+        return _NO_OFFLOAD.format(torch.__version__)
+    if cached.untyped_storage().data_ptr() in packed:  # SAC's cache of sin's output reached the hook
+        return ""
+    return _NO_OFFLOAD.format(torch.__version__)
+
+
+@dataclass(eq=False)
+class _HostBuffer:
+    """A host buffer of the pool with the events of the copies into it and out of it (None on a CPU device)."""
+
+    data: torch.Tensor
+    out_done: torch.cuda.Event | None
+    in_done: torch.cuda.Event | None
+    used: bool = False  # a copy back was issued from it: the next copy into it waits for that one
+
+
+@dataclass(eq=False)
+class _Stored:
+    """One offloaded storage of one block call: its host copy and, once fetched, the device buffer."""
+
+    host: _HostBuffer
+    nbytes: int
+    device: torch.device
+    fetched: torch.Tensor | None = None
+
+
+class _OffloadCall:
+    """The offload of one forward call of one wrapped block: the storages its policy marks (``wanted``) and their
+    host copies, packed and unpacked by the saved-tensors hooks around its checkpoint."""
+
+    def __init__(self, runtime: SacOffload) -> None:
+        self.runtime = runtime
+        # Storages to offload and their host copies, by data pointer, each with the storage it was noted for: once
+        # that storage is freed, a later one at the same address is another.
+        self.wanted: dict[int, weakref.ref] = {}
+        self.stored: dict[int, tuple[weakref.ref, _Stored]] = {}
+        self.copies: list[_Stored] = []  # every host copy, in order (an address may serve several storages)
+
+    def pack(self, t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        noted = self.wanted.get(ptr)
+        if noted is None or noted() is not storage:
+            return t
+        known = self.stored.get(ptr)
+        if known is None or known[0]() is not storage:
+            known = self.stored[ptr] = (noted, self.runtime.to_host(t))
+            self.copies.append(known[1])
+        return known[1], t.dtype, t.size(), t.stride(), t.storage_offset()
+
+    def unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        stored, dtype, size, stride, offset = packed
+        buffer = self.runtime.wait(stored)
+        return torch.empty(0, dtype=dtype, device=buffer.device).set_(buffer.untyped_storage(), offset, size, stride)
+
+
+class SacOffload:
+    """The copies of one wrapped model's offloaded outputs (see the module): two copy streams, a pool of host
+    buffers by size (pinned on CUDA) and the block calls not yet replayed, in forward order."""
+
+    def __init__(self, planned_bytes: int) -> None:
+        self.planned_bytes = planned_bytes  # the policy's prediction: what the host must have free
+        self.pool: dict[int, list[_HostBuffer]] = {}
+        self.streams: dict[torch.device, tuple] = {}
+        self.pending: list[weakref.ref[_OffloadCall]] = []
+        self.host_checked = False
+
+    def call(self) -> _OffloadCall:
+        call = _OffloadCall(self)
+        self.pending = [r for r in self.pending if r() is not None]
+        self.pending.append(weakref.ref(call))
+        return call
+
+    def _check_host(self, device: torch.device) -> None:
+        """Before the first buffer: refuse a host without the free memory the policy offloads; on a CPU device
+        say that the copies save nothing."""
+        self.host_checked = True
+        free = host_available_bytes()
+        if free is not None and self.planned_bytes > free:
+            raise HostMemoryError(f"the plan offloads {self.planned_bytes / 2**30:.2f} GiB of activations but the "
+                                  f"host has only {free / 2**30:.2f} GiB free — plan with a lower --host-memory, or "
+                                  "with --no-offload")
+        if device.type != "cuda":
+            warnings.warn("this plan offloads activations but runs on a CPU device: they are copied into a host "
+                          "buffer and back, which saves no memory — run it on a GPU for the savings",
+                          CpuOffloadWarning, stacklevel=4)
+
+    def _buffer(self, nbytes: int, device: torch.device) -> _HostBuffer:
+        free = self.pool.get(nbytes)
+        if free:
+            return free.pop()
+        if not self.host_checked:
+            self._check_host(device)
+        cuda = device.type == "cuda"
+        data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+        return _HostBuffer(data, torch.cuda.Event() if cuda else None, torch.cuda.Event() if cuda else None)
+
+    def _streams(self, device: torch.device) -> tuple:
+        if device not in self.streams:
+            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        return self.streams[device]
+
+    def to_host(self, t: torch.Tensor) -> _Stored:
+        """Copy ``t``'s whole storage into a host buffer; on CUDA on the copy-out stream, after the compute stream
+        (the op that made it) and the buffer's last copy back, the allocator keeping the storage until it is read."""
+        data = storage_bytes(t)
+        host = self._buffer(data.numel(), t.device)
+        if host.out_done is None:
+            host.data.copy_(data)
+            return _Stored(host, data.numel(), t.device)
+        out_stream = self._streams(t.device)[0]
+        out_stream.wait_stream(torch.cuda.current_stream(t.device))
+        if host.used:
+            out_stream.wait_event(host.in_done)
+        with torch.cuda.stream(out_stream):
+            host.data.copy_(data, non_blocking=True)
+        host.out_done.record(out_stream)
+        data.record_stream(out_stream)
+        return _Stored(host, data.numel(), t.device)
+
+    def fetch(self, stored: _Stored) -> None:
+        """Issue the copy back of ``stored`` into a new device buffer (once)."""
+        if stored.fetched is not None:
+            return
+        buffer = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
+        host = stored.host
+        if host.in_done is None:
+            buffer.copy_(host.data)
+        else:
+            in_stream = self._streams(stored.device)[1]
+            in_stream.wait_stream(torch.cuda.current_stream(stored.device))
+            in_stream.wait_event(host.out_done)
+            with torch.cuda.stream(in_stream):
+                buffer.copy_(host.data, non_blocking=True)
+            host.in_done.record(in_stream)
+            host.used = True
+        stored.fetched = buffer
+
+    def wait(self, stored: _Stored) -> torch.Tensor:
+        """The device buffer of ``stored``, the compute stream waiting for its copy back."""
+        self.fetch(stored)
+        if stored.host.in_done is not None:
+            torch.cuda.current_stream(stored.device).wait_event(stored.host.in_done)
+        return stored.fetched
+
+    @contextmanager
+    def replaying(self, call: _OffloadCall, recompute_context):
+        """``recompute_context`` with ``call``'s copies back issued first, and those of the call before it in
+        forward (the block whose replay comes next); after the replay its host buffers go back to the pool and its
+        device buffers to the tensors the replay made from them."""
+        self.pending = [r for r in self.pending if r() is not None]
+        live = [r() for r in self.pending]
+        if call in live:
+            at = live.index(call)
+            for earlier in live[max(at - 1, 0):at + 1]:
+                for stored in earlier.copies:
+                    self.fetch(stored)
+            del self.pending[at]
+        try:
+            with recompute_context:
+                yield
+        finally:
+            for stored in call.copies:
+                self.fetch(stored)  # never read by this replay (it stopped early): the buffer is free after it
+                self.pool.setdefault(stored.nbytes, []).append(stored.host)
+                stored.fetched = None
+            call.stored.clear()
+            call.copies.clear()

@@ -1,31 +1,38 @@
 """The ``sac`` export format: a plan as per-op selective-checkpointing decisions (``sac_policy.json``).
 
 Each block the SAC form wraps (see :mod:`acstudio.simulate.sac`) lists the ops of its forward in the order the
-captured graph ran them, each with the module that ran it and ``save`` or ``recompute``. An op is addressed by
-a key recorded at capture, never guessed: its block, its aten overload and its occurrence among the calls of
-that overload in the block's forward. :func:`acstudio.apply_plan` reads this file.
+captured graph ran them, each with the module that ran it and its decision. An op is addressed by a key recorded
+at capture, never guessed: its block, its aten overload and its occurrence among the calls of that overload in the
+block's forward. :func:`acstudio.apply_plan` reads this file.
 
-A decision is ``save``, ``recompute`` or ``update``: an op that updates module state (BatchNorm's
-``num_batches_tracked += 1``), saved under the policy so that the replay does not update it twice. A block whose
-only saved ops are updates can run a plain checkpoint instead, which puts the block's buffers back after the replay.
+A decision is ``save``, ``recompute``, ``update`` (an op that updates module state, BatchNorm's
+``num_batches_tracked += 1``, saved under the policy so that the replay does not update it twice) or ``offload``
+(saved, its output copied to host memory after forward and back for the replay). A block whose only saved ops are
+updates can run a plain checkpoint instead, which puts the block's buffers back after the replay.
+
+Version 2 adds ``offload`` and the bytes the policy offloads; a policy without offload is written as version 1,
+which earlier versions of AC Studio read too, and both are read. Offload runs only where the installed torch
+passes SAC's cache through saved-tensors hooks (:func:`acstudio.export.apply.offload_unsupported`); elsewhere a plan
+that offloads is refused here, naming the form that runs it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from acstudio.errors import ProfileFileError
 from acstudio.export.formats import ExportFormat, ExportJob, register_format
 from acstudio.fileio import read_document, write_document
 from acstudio.profile.model import Profile
-from acstudio.simulate.sac import SAVE, is_op, simulate_sac
+from acstudio.simulate.sac import OFFLOAD, SAVE, is_op, simulate_sac
 
 POLICY_FILE = "sac_policy.json"
 POLICY_SCHEMA = "acstudio.sac_policy"
-POLICY_VERSION = 1
-# torch's CheckpointPolicy.MUST_CPU_OFFLOAD could carry the decision, but the SAC replay is not priced with offload.
-OFFLOAD_NOT_CARRIED = ("the plan offloads activations to host memory, which the SAC policy does not carry — export "
-                       "the step format and run it with acstudio.load_step")
+POLICY_VERSION = 2  # written when the policy offloads
+PLAIN_VERSION = 1  # written when it does not: no offload decisions, no offload_bytes
+OFFLOAD_FORM = "export the step format and run it with acstudio.load_step"
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class OpDecision:
     module: str  # innermost module that ran it (for messages)
     save: bool
     updates_state: bool = False  # saved because it updates module state, not for the plan
+    offload: bool = False  # saved, its output copied to host memory and back
 
 
 @dataclass
@@ -51,37 +59,53 @@ class SacPolicy:
     predicted_peak_bytes: int
     predicted_extra_ms: float
     containers: dict[str, list[str]] = field(default_factory=dict)
+    offload_bytes: int = 0  # bytes the offload decisions copy to the host each step (its pinned memory)
 
     @classmethod
-    def from_plan(cls, profile: Profile, recomputed: list[str]) -> SacPolicy:
-        form = simulate_sac(profile, recomputed)
+    def from_plan(cls, profile: Profile, recomputed: list[str], offloaded: Collection[str] = ()) -> SacPolicy:
+        """The SAC form of ``recomputed``, offloading what it can of ``offloaded`` (activation ids)."""
+        form = simulate_sac(profile, recomputed, offloaded)
         by_id = profile.node_by_id
-        blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how == SAVE, i in form.state_updates)
+        blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how in (SAVE, OFFLOAD), i in form.state_updates,
+                                 how == OFFLOAD)
                       for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
+        moved = form.result.offload.moved_bytes if form.result.offload is not None else 0
         return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms,
-                   containers(profile, blocks))
+                   containers(profile, blocks), moved)
+
+    @property
+    def offloads(self) -> bool:
+        return any(d.offload for ops in self.blocks.values() for d in ops)
 
     def to_dict(self) -> dict:
-        return {"profile_fingerprint": self.profile_fingerprint,
-                "blocks": {b: [[d.op, d.module, _decision(d)] for d in ops] for b, ops in self.blocks.items()},
-                "freed": self.freed, "predicted_peak_bytes": self.predicted_peak_bytes,
-                "predicted_extra_ms": self.predicted_extra_ms, "containers": self.containers}
+        d = {"profile_fingerprint": self.profile_fingerprint,
+             "blocks": {b: [[d.op, d.module, _decision(d)] for d in ops] for b, ops in self.blocks.items()},
+             "freed": self.freed, "predicted_peak_bytes": self.predicted_peak_bytes,
+             "predicted_extra_ms": self.predicted_extra_ms, "containers": self.containers}
+        return {**d, "offload_bytes": self.offload_bytes} if self.offloads else d
 
     @classmethod
     def from_dict(cls, d: dict) -> SacPolicy:
-        blocks = {b: [OpDecision(op, module, how in ("save", "update"), how == "update") for op, module, how in ops]
-                  for b, ops in d["blocks"].items()}
+        blocks = {b: [OpDecision(op, module, how in ("save", "update", "offload"), how == "update", how == "offload")
+                      for op, module, how in ops] for b, ops in d["blocks"].items()}
         return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"],
-                   {k: list(v) for k, v in d.get("containers", {}).items()})
+                   {k: list(v) for k, v in d.get("containers", {}).items()}, int(d.get("offload_bytes", 0)))
 
     def save(self, directory: Path) -> str:
         path = Path(directory) / POLICY_FILE
-        write_document(path, POLICY_SCHEMA, POLICY_VERSION, self.to_dict())
+        write_document(path, POLICY_SCHEMA, POLICY_VERSION if self.offloads else PLAIN_VERSION, self.to_dict())
         return str(path)
 
     @classmethod
     def load(cls, directory: str | Path) -> SacPolicy:
-        return cls.from_dict(read_document(Path(directory) / POLICY_FILE, POLICY_SCHEMA, POLICY_VERSION))
+        path = Path(directory) / POLICY_FILE
+        try:
+            return cls.from_dict(read_document(path, POLICY_SCHEMA, POLICY_VERSION))
+        except ProfileFileError as newest:
+            try:
+                return cls.from_dict(read_document(path, POLICY_SCHEMA, PLAIN_VERSION))
+            except ProfileFileError:
+                raise newest from None
 
 
 def containers(profile: Profile, blocks) -> dict[str, list[str]]:
@@ -97,27 +121,40 @@ def containers(profile: Profile, blocks) -> dict[str, list[str]]:
 
 
 def _decision(d: OpDecision) -> str:
-    return ("update" if d.updates_state else "save") if d.save else "recompute"
+    if not d.save:
+        return "recompute"
+    return "update" if d.updates_state else OFFLOAD if d.offload else "save"
 
 
 def policy(job: ExportJob) -> SacPolicy:
     """The job's SAC policy, made once per export."""
-    return job.once("sac", lambda: SacPolicy.from_plan(job.profile, job.recomputed))
+    return job.once("sac", lambda: SacPolicy.from_plan(job.profile, job.recomputed,
+                                                       getattr(job.recomputed, "offloaded", ())))
 
 
 def write(job: ExportJob, directory: Path) -> list[str]:
     return [Path(policy(job).save(directory)).name]
 
 
+def offload_refusal() -> str:
+    """Why this torch cannot run a policy that offloads, naming the form that can ("" where it can)."""
+    from acstudio.export.apply import offload_unsupported
+
+    why = offload_unsupported()
+    return f"the plan offloads activations to host memory, but {why} — {OFFLOAD_FORM}" if why else ""
+
+
 def unavailable(job: ExportJob) -> str:
     if getattr(job.recomputed, "offloaded", ()):
-        return OFFLOAD_NOT_CARRIED
+        refusal = offload_refusal()
+        if refusal:
+            return refusal
     if policy(job).blocks:
         return ""
     return ("the plan frees nothing inside a block SAC can wrap (a repeated block or a module around them), so "
             "SAC would change nothing")
 
 
-register_format(ExportFormat("sac", f"{POLICY_FILE}: per-op save/recompute decisions for acstudio.apply_plan "
+register_format(ExportFormat("sac", f"{POLICY_FILE}: per-op save/recompute/offload decisions for acstudio.apply_plan "
                              "(torch's selective activation checkpointing; works under torch.compile, FSDP2, DDP)",
                              write, unavailable))

@@ -32,6 +32,17 @@ their library kernels only, scaled by one factor calibrated the same way as the 
     compile+per-block - compile = scale * the library-kernel eager time of per-module's replays,
 
 so the calibration point is exact; the scale does not change which plan is faster (:func:`compiled_context`).
+
+Compiled plans keep or recompute; they do not offload. Under torch.compile SAC's cache is a tracing artifact, so the
+saved-tensors hooks through which :func:`acstudio.apply_plan` offloads in eager never run, and the partitioner treats
+``CheckpointPolicy.MUST_CPU_OFFLOAD`` as an untagged op (its min-cut saved such linear outputs on a decoder, as
+``MUST_SAVE`` would). Torch's own activation offloading for compiled graphs (``torch._functorch.config
+.enable_activation_offloading``, marked for testing) offloads only nodes that a joint-graph pass
+(``joint_custom_pass``) marks ``should_offload``, copying each after its last forward use. In torch 2.11 only its
+synchronous form compiles (its separate-stream form fails in Inductor's fake-tensor pass), and there the compute
+stream waits for every copy: measured on a decoder, it took the offloaded outputs off the peak but made the step
+slower than recomputing them. Torch 2.14's separate-stream form either waits right after each copy or sinks the
+waits to the end of the forward graph, which for a model compiled whole keeps the memory until the peak has passed.
 """
 
 from __future__ import annotations

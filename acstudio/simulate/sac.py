@@ -4,7 +4,7 @@
 policy saves or recomputes whole *ops*. The blocks are the repeated ones (``layer1.0``, ``transformer.h.3``) and, for
 one rank under FSDP2/DDP, the modules around them (:func:`~acstudio.profile.blocks.sac_blocks`): a decoder's final
 norm and LM head hold activations at the loss, where its peak is. That form differs from the
-rewritten graph's in three ways, all simulated here:
+rewritten graph's in four ways, all simulated here:
 
 * **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when any
   storage it writes is kept, and always when it updates module state in place (``num_batches_tracked += 1``) or
@@ -20,6 +20,17 @@ rewritten graph's in three ways, all simulated here:
   (non-reentrant checkpoint's early stop), serving saved ops from the cache, and produces *every* activation
   the block frees; each stays until its last backward use (as in shared chains).
 * **Blocks that free nothing are not wrapped** and run as in eager.
+* **Offload is per op too.** A saved op whose output is one activation, written by it alone and offloadable, may
+  be offloaded: ``acstudio.apply_plan`` routes SAC's cache of its output through saved-tensors hooks that copy it
+  to pinned host memory on a side stream and back. The copies are priced by
+  :func:`~acstudio.simulate.offload.offload_schedule` beside the blocks' replays: the copy out is issued right after
+  the op (SAC caches its output there, as the schedule assumes), and one that the replay reads is back before the
+  replay. The schedule issues each copy back as late as lets it land in time; ``apply_plan`` issues a block's
+  copies back when its own replay starts and when the replay of the block after it (in forward order) starts, so
+  they are usually back earlier than predicted (a block's offloaded bytes sooner on the device) and stall where the
+  schedule would have issued them before that block's replay. Activations that leave their block, outputs of
+  ops with more than one, and what runs outside the wrapped blocks stay on the device (the rewritten step offloads
+  those).
 
 Memory is then the simulator's with each freed activation back from its block's replay and each replay's
 high-water mark (:meth:`~acstudio.simulate.replay.ReplayGraph.transient_bytes`) counting the activations it
@@ -40,12 +51,14 @@ import numpy as np
 from acstudio.profile.model import Profile
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
 from acstudio.simulate.modes import ReplayMode, register_mode
-from acstudio.simulate.replay import FORWARD_REGIONS, Replay
+from acstudio.simulate.offload import OffloadSchedule
+from acstudio.simulate.replay import FORWARD_REGIONS, Replay, is_inplace
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
 
 SAVE = "save"
 RECOMPUTE = "recompute"
+OFFLOAD = "offload"  # saved, its output copied to host memory and back (see the module)
 UPDATES_STATE = "updates module state"  # why an op is saved whatever the plan (BatchNorm's num_batches_tracked += 1)
 
 
@@ -68,6 +81,7 @@ class SacSchedule(SharedSchedule):
 
     cached: np.ndarray
     dispatch_ms: float = 0.0
+    recomputed: Sequence[int] = ()  # the activation indices it replays (what the SAC form can offload follows)
 
     @property
     def extra_ms(self) -> float:
@@ -80,10 +94,14 @@ def cache_memory(sim: Simulator, schedule: SacSchedule) -> tuple[np.ndarray, np.
     return sim._span(c[:, 0], c[:, 1], c[:, 2]), sim._span(c[:, 0], c[:, 1] + 1, c[:, 2])
 
 
-def evaluate_sac(sim: Simulator, schedule: SacSchedule, timeline: bool = False):
-    """:func:`~acstudio.simulate.shared.evaluate_shared` with the cached non-activation outputs added, and no
-    generator state per random op: the checkpoint keeps one per block (16 bytes on CUDA), not counted."""
-    return evaluate_shared(sim, schedule, timeline, extra=cache_memory(sim, schedule), rng_states=False)
+def evaluate_sac(sim: Simulator, schedule: SacSchedule, timeline: bool = False, extra=None):
+    """:func:`~acstudio.simulate.shared.evaluate_shared` with the cached non-activation outputs added (and
+    ``extra``: offloaded activations' memory taken out), and no generator state per random op: the checkpoint keeps
+    one per block (16 bytes on CUDA), not counted."""
+    cached = cache_memory(sim, schedule)
+    if extra is not None:
+        cached = (cached[0] + extra[0], cached[1] + extra[1])
+    return evaluate_shared(sim, schedule, timeline, extra=cached, rng_states=False)
 
 
 class SacBlocks:
@@ -221,6 +239,22 @@ class SacBlocks:
             decision.update(part.decision)
             freed[list(part.freed)] = True
         return decision, freed
+
+    def offloadable(self, recomputed: Collection[int]) -> np.ndarray:
+        """Per activation, whether the SAC form of ``recomputed`` can offload it: the output of a saved op of a
+        block (not one saved because it updates module state or draws random numbers) that writes nothing else,
+        kept there and not leaving the block, that no later op updates in place (the copy is taken when the op has
+        run), and offloadable at all (:class:`~acstudio.simulate.offload.OffloadFacts`). Saved views of it are
+        cached as views of the one copy (``apply_plan`` offloads by storage), so they hold nothing on the device."""
+        decision, freed = self.decide(recomputed)
+        sim, nodes = self.sim, self.sim.profile.nodes
+        ok = sim.offload_facts.offloadable & ~freed & ~self.leaves
+        for k in np.flatnonzero(ok):
+            i = int(sim.replay.created[k])
+            ok[k] = (decision.get(i) == SAVE and not self.forced[i] and is_op(nodes[i]) and i not in self.outside_views
+                     and self.writes[i] == [k] and not self.scratch_made.get(i)
+                     and not any(is_inplace(nodes[j].target) for j in self.writers[k] if j != i))
+        return ok
 
     def _asked(self, recomputed: Collection[int]) -> dict[str, frozenset[int]]:
         """Per block, the freeable activations of ``recomputed`` it created."""
@@ -379,15 +413,28 @@ class ReplaySac(ReplayMode):
     name = "sac"
     summary = "selective checkpointing per block (acstudio.apply_plan; runs under torch.compile, FSDP2, DDP)"
     shares_chains = True  # the closest the rewriter comes; a SAC plan is exported as a policy, not a step
+    supports_offload = True  # the saved outputs of some ops (see the module)
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
         blocks = sac_blocks(sim)
         schedule = blocks.schedule(recomputed)
         schedule.dispatch_ms = blocks.dispatch_ms(recomputed)
+        schedule.recomputed = recomputed
         return schedule
 
-    def evaluate(self, sim: Simulator, schedule: SacSchedule, timeline: bool = False):
-        return evaluate_sac(sim, schedule, timeline)
+    def offload(self, sim: Simulator, schedule: SacSchedule, offloaded: Collection[int]) -> OffloadSchedule | None:
+        """The copies of those of ``offloaded`` that the SAC form can offload (:meth:`SacBlocks.offloadable`); the
+        others stay on the device, as SAC or the checkpoint's caller holds them."""
+        if not self.supports_offload:
+            return super().offload(sim, schedule, offloaded)
+        if not len(offloaded):
+            return None
+        can = sac_blocks(sim).offloadable(schedule.recomputed)
+        carried = [k for k in offloaded if can[k]]
+        return super().offload(sim, schedule, carried) if carried else None
+
+    def evaluate(self, sim: Simulator, schedule: SacSchedule, timeline: bool = False, extra=None):
+        return evaluate_sac(sim, schedule, timeline, extra)
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         """Not in a block that runs a plain checkpoint: saving any op there makes eager run SAC's dispatch mode for
@@ -413,6 +460,7 @@ class ReplaySacCompiled(ReplaySac):
 
     name = "sac-compiled"
     summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"
+    supports_offload = False  # see acstudio.export.apply.compiled_offload_unsupported
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         return True  # compiled, the policy runs while tracing only
@@ -441,19 +489,23 @@ class SacForm:
     """The SAC form of a recompute set: per wrapped block its forward ops with their decisions, the activation
     ids it frees (a subset of the plan's), and its simulated memory and time."""
 
-    decisions: dict[str, list[tuple[str, str]]]  # wrapped block -> (node id, SAVE | RECOMPUTE), forward order
+    decisions: dict[str, list[tuple[str, str]]]  # wrapped block -> (node id, SAVE | RECOMPUTE | OFFLOAD), in order
     freed: list[str]
     result: SimResult
     state_updates: set[str] = dataclasses.field(default_factory=set)  # saved ops that update module state
 
 
-def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collection[str]) -> SacForm:
-    """Decisions, freed activations, peak, extra time and timeline of the SAC form of ``recomputed`` (ids)."""
+def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collection[str],
+                 offloaded: Collection[str] = ()) -> SacForm:
+    """Decisions, freed activations, peak, extra time and timeline of the SAC form of ``recomputed`` (ids), with
+    the part of ``offloaded`` (ids) it can offload copied to the host and back (``result.offload``)."""
     sim = profile_or_simulator if isinstance(profile_or_simulator, Simulator) else Simulator(profile_or_simulator)
     blocks = sac_blocks(sim)
     decision, freed = blocks.decide(sim.indices(recomputed))
-    result = SAC_MODE.simulate(sim, recomputed)
+    result = SAC_MODE.simulate(sim, recomputed, offloaded)
     nodes, created = sim.profile.nodes, sim.replay.created
+    if result.offload is not None:
+        decision = {**decision, **{int(created[k]): OFFLOAD for k in result.offload.offloaded.tolist()}}
     wrapped = {blocks.block[created[k]] for k in np.flatnonzero(freed)}
     decisions = {b: [(nodes[i].id, decision[i]) for i in blocks.fw_nodes[b]] for b in blocks.blocks if b in wrapped}
     state = {nodes[i].id for i, why in blocks.forced.items() if why == UPDATES_STATE}
