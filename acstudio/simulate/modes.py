@@ -28,8 +28,8 @@ class ReplayMode:
     name: ClassVar[str]
     summary: ClassVar[str]  # what a user reads next to a plan in this mode
     shares_chains: ClassVar[bool]  # whether the rewriter lets one replay produce the recomputed tensors it passes
-    # Whether the step this mode prices can also offload activations (the rewritten step can; a selective
-    # checkpoint policy runs in torch's own checkpoint, which this simulator does not price offload for).
+    # Whether the step this mode prices can also offload activations (the rewritten step can, the eager SAC form
+    # some ops' outputs, the compiled form none: see acstudio.simulate.sac and acstudio.plan.compiled).
     supports_offload: ClassVar[bool] = False
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> Any:
