@@ -1,0 +1,152 @@
+"""The fixed costs of offloading one activation, beside its bytes over the link, and how far the host runs ahead
+of the GPU on two sample profiles' captured steps.
+
+The simulator prices an offload copy by bytes / GB/s. Two other costs can decide a plan: each copy's fixed
+latency on its stream, and the host time of issuing one offloaded activation's calls (copy out, release, copy
+back, wait), which lengthens the step wherever the host, not the GPU, sets its pace. Three parts, each failing on
+its own with one line:
+
+1. ``_copy_costs_us``: a stand-alone measurement of both for small (4 KiB) pinned copies, issued with the torch
+   calls the rewritten step makes and queued behind a GPU spin, written as a profiler function would make it:
+   (the slower direction's per-copy latency in µs, the host µs to issue one offload both ways);
+2. the real ``OffloadRuntime``'s four calls on cuda:0 with 4 KiB and 2 MiB slots, host µs per call;
+3. for the H200 sample profiles' captured steps (ResNet-152 bs64, BERT bs16): the host issue time (``run()``
+   returned) against the wall time, median of 8 after 3 warm-up steps; the difference is how far the host leads.
+
+Run: cd <repo> && PYTHONPATH=. python3 benchmarks/probes/offload_link_costs.py > results/probes/offload_link_costs.txt
+Needs one CUDA GPU (under a minute).
+"""
+import collections
+import statistics
+import time
+
+import torch
+from _timing import host_and_wall_ms
+
+LINK_PROBE_REPEATS = 3
+LATENCY_PROBE_HOLD_CYCLES = 20_000_000
+dev = torch.device("cuda", 0)
+T0 = time.perf_counter()
+
+
+def say(*a):
+    print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
+
+
+def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float]:
+    """Microseconds of one small pinned copy's fixed costs: (the time it holds its stream, the slower direction;
+    the host time to issue one offloaded activation's calls, both directions). Issued with the torch calls the
+    rewritten step makes (:mod:`acstudio.rewrite.offload`): the copy out reads the tensor's storage as bytes on a
+    side stream that waits for the compute stream, and the compute stream waits for it before freeing the tensor;
+    the copy back allocates its buffer, waits for both streams, and the compute stream waits for it before
+    rebuilding the tensor over the buffer. The copies queue behind the compute stream spinning, so that neither
+    measurement waits for the other; the best of a few repeats."""
+    side = torch.cuda.Stream(dev)
+    device = [torch.empty(nbytes // 4, dtype=torch.float32, device=dev) for _ in range(copies)]
+    pool = torch.empty(nbytes * copies, dtype=torch.uint8, pin_memory=True)
+    host = [pool[j * nbytes:(j + 1) * nbytes] for j in range(copies)]
+    done = [torch.cuda.Event() for _ in range(copies)]
+
+    def copy_out(j: int) -> None:
+        data = torch.empty(0, dtype=torch.uint8, device=dev).set_(device[j].untyped_storage())
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            host[j][:nbytes].copy_(data, non_blocking=True)
+        done[j].record(side)
+        torch.cuda.current_stream(dev).wait_event(done[j])
+
+    def copy_back(j: int) -> None:
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        side.wait_event(done[j])
+        with torch.cuda.stream(side):
+            buffer.copy_(host[j][:nbytes], non_blocking=True)
+        done[j].record(side)
+        torch.cuda.current_stream(dev).wait_event(done[j])
+        torch.empty(0, dtype=torch.float32, device=dev).set_(buffer.untyped_storage(), 0, (nbytes // 4,), (1,))
+
+    def timed(issue) -> tuple[float, float]:
+        on_device = on_host = float("inf")
+        for _ in range(LINK_PROBE_REPEATS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(dev)
+            torch.cuda._sleep(LATENCY_PROBE_HOLD_CYCLES)
+            start.record()
+            t0 = time.perf_counter()
+            for j in range(copies):
+                issue(j)
+            on_host = min(on_host, (time.perf_counter() - t0) * 1e6 / copies)
+            end.record(side)
+            end.synchronize()
+            on_device = min(on_device, start.elapsed_time(end) * 1e3 / copies)
+        return on_device, on_host
+
+    (out_device, out_host), (in_device, in_host) = timed(copy_out), timed(copy_back)
+    return max(out_device, in_device), out_host + in_host
+
+
+def runtime_call_costs(size: int, n: int = 200) -> None:
+    """Host time of the runtime's four calls for ``n`` slots of ``size`` bytes, issued while the GPU spins (the
+    second of two repeats)."""
+    from acstudio.rewrite.offload import OffloadRuntime
+    rt = OffloadRuntime([f"a{j}" for j in range(n)], [size] * n)
+    ts = [torch.empty(size // 4, device=dev) for _ in range(n)]
+    rt.ensure_pool(dev)
+    bufs = []
+    calls = (("to_host", lambda j: rt.to_host(j, ts[j])), ("release", lambda j: rt.release(j, (ts[j],))),
+             ("prefetch", lambda j: bufs.append(rt.prefetch(j))), ("wait", lambda j: rt.wait(j, bufs[j])))
+    for _ in range(2):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(400_000_000)
+        cost = collections.defaultdict(float)
+        bufs.clear()
+        for name, f in calls:
+            t = time.perf_counter()
+            for j in range(n):
+                f(j)
+            cost[name] = time.perf_counter() - t
+        torch.cuda.synchronize()
+    say(f"OffloadRuntime, {size} B slots: " + "  ".join(f"{k} {v * 1e6 / n:.1f}us" for k, v in cost.items()),
+        f"| per offload {sum(cost.values()) * 1e6 / n:.1f}us")
+
+
+def runtime_calls():
+    for size in (4096, 2 * 2**20):
+        runtime_call_costs(size)
+
+
+def captured_lead():
+    from acstudio.capture.serialize import deserialize_step
+    from acstudio.capture.step import prepare_optimizer
+    from acstudio.profile.model import Profile
+    from acstudio.workload import WorkloadSpec, build_workload
+    for name in ("h200_resnet152_bs64_adam", "h200_bert_bs16_adam"):
+        prof = Profile.load(f"sample_profiles/{name}.json.gz")
+        spec = WorkloadSpec.from_dict(prof.workload)
+        w = build_workload(spec).to(dev)
+        opt = w.make_optimizer()
+        prepare_optimizer(w.model, opt)
+        step = deserialize_step(prof.graph, device="cuda")
+        for _ in range(3):
+            step.run(w.model, opt, w.batch)
+        host, total = host_and_wall_ms(lambda step=step, w=w, opt=opt: step.run(w.model, opt, w.batch), 8)
+        h, tt = statistics.median(host), statistics.median(total)
+        say(f"{name}: {len(prof.nodes)} nodes, wall {tt:.2f} ms, host issue {h:.2f} ms, lead {tt - h:.2f} ms "
+            f"(profile iteration_ms {prof.iteration_ms:.2f})")
+        del w, opt, step
+        torch.cuda.empty_cache()
+
+
+def main():
+    say(torch.__version__, torch.cuda.get_device_name())
+    for f in (lambda: say("profiler _copy_costs_us (latency_us, offload_issue_us):", _copy_costs_us(dev, 4096, 64)),
+              runtime_calls, captured_lead):
+        try:
+            f()
+        except Exception as exc:  # a probe: the other parts still run
+            say("FAILED:", type(exc).__name__, exc)
+    say("done")
+
+
+if __name__ == "__main__":
+    main()
