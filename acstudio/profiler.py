@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 import torch.fx as fx
@@ -268,20 +269,43 @@ LINK_PROBE_BYTES = 256 * 2**20
 LINK_PROBE_REPEATS = 3
 
 
-def host_available_bytes() -> int | None:
+def host_available_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
     """Host memory available to a new allocation without swapping (Linux ``MemAvailable``; elsewhere the free
-    physical pages), or None where neither can be read."""
+    physical pages), or None where neither can be read; inside a container with a memory limit, no more than the
+    room left under that limit, since the kernel kills a process there before the host runs short."""
+    free = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            pass
+    room = cgroup_room_bytes(cgroup_root)
+    if room is None:
+        return free
+    return room if free is None else min(free, room)
+
+
+def cgroup_room_bytes(root: Path) -> int | None:
+    """The memory left under this process's cgroup limit (cgroup v2 ``memory.max`` less ``memory.current``, or
+    v1's ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``); None without a limit or where unreadable."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:  # "max" (v2) or a page-rounded huge number (v1): no limit
+            return max(0, int(limit) - usage)
+    return None
 
 
 def measure_host_link(dev: torch.device) -> HostLink:

@@ -214,3 +214,23 @@ def test_a_cuda_pool_needs_the_pinned_bytes_torch_rounds_it_to(monkeypatch):
         pool_made_with_free_bytes(step, w, opt, spec, needed - 1, monkeypatch)
     assert "(pinned as " in str(refused.value)
     assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.is_pinned()
+
+
+@pytest.mark.parametrize("files, expected_room", [
+    ({"memory.max": "4096\n", "memory.current": "1024\n"}, 3072),
+    ({"memory.max": "max\n", "memory.current": "1024\n"}, None),
+    ({"memory/memory.limit_in_bytes": "8192\n", "memory/memory.usage_in_bytes": "10000\n"}, 0),
+    ({"memory/memory.limit_in_bytes": str(2**63 - 4096), "memory/memory.usage_in_bytes": "1"}, None),
+    ({}, None),
+])
+def test_host_memory_counts_the_container_limit(tmp_path, files, expected_room):
+    """Inside a container the kernel kills a process at its cgroup's limit, whatever the host has free: the free
+    memory the pool is checked against is never above the room left under that limit."""
+    from acstudio.profiler import cgroup_room_bytes, host_available_bytes
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_room_bytes(tmp_path) == expected_room
+    unlimited = host_available_bytes(tmp_path / "absent")
+    assert host_available_bytes(tmp_path) == (unlimited if expected_room is None else min(unlimited, expected_room))
