@@ -102,6 +102,11 @@ class ActivationRecord:
 # than nearly any training host has free, so such a plan cannot ask a host for memory it does not have.
 DEFAULT_LINK_GB_S = 12.0
 DEFAULT_HOST_FREE_BYTES = 8 * 2**30
+# Each copy also costs a fixed time on its copy stream beside its bytes: the copy engine's start and the events that
+# order it against the compute stream. A few microseconds on a bare copy; the default allows for the waits between
+# streams the rewritten step adds to each one, so that a plan priced with it does not count on many small copies
+# being free.
+DEFAULT_COPY_LATENCY_US = 10.0
 
 
 @dataclass
@@ -116,6 +121,7 @@ class HostLink:
     h2d_gb_s: float | None = None
     duplex_gb_s: float | None = None  # each way, both directions copying at once
     host_free_bytes: int | None = None
+    copy_latency_us: float | None = None  # fixed time of one copy on its stream, besides its bytes at the rate
 
     @property
     def measured(self) -> bool:
@@ -137,6 +143,15 @@ class HostLink:
     @property
     def host_bytes(self) -> int:
         return DEFAULT_HOST_FREE_BYTES if self.host_free_bytes is None else self.host_free_bytes
+
+    @property
+    def copy_latency_ms(self) -> float:
+        return (DEFAULT_COPY_LATENCY_US if self.copy_latency_us is None else self.copy_latency_us) / 1e3
+
+    def copy_ms(self, nbytes):
+        """Time one copy of ``nbytes`` (a number or an array) takes on its stream with both directions copying:
+        the fixed cost of a copy plus its bytes at the duplex rate."""
+        return self.copy_latency_ms + nbytes / (self.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
 
 
 @dataclass

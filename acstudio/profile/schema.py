@@ -143,6 +143,7 @@ class HostLinkDoc(_Doc):
     h2d_gb_s: GbPerS | None = None
     duplex_gb_s: GbPerS | None = None
     host_free_bytes: Bytes | None = None
+    copy_latency_us: Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)] | None = None
 
 
 class ProfileDoc(_Doc):

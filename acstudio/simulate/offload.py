@@ -17,7 +17,9 @@
 
 Times come from the nodes' run times (scaled as for recomputation) plus the replays a plan inserts; both lanes
 run at the rate the link reaches with both directions copying (they overlap around the loss; elsewhere that rate
-is conservative). Memory is the replay mode's with ``k`` kept, minus ``k``'s bytes from ``release[k]`` up to
+is conservative), and every copy also takes the link's fixed per-copy time, so many small copies cost more lane
+time than one copy of the same bytes.
+Memory is the replay mode's with ``k`` kept, minus ``k``'s bytes from ``release[k]`` up to
 the node before ``prefetch[k]``. Host memory is one pinned buffer per offloaded activation, held all step (the
 rewritten step allocates the pool once and reuses it). An activation the plan recomputes is not offloaded (it is
 freed after forward anyway); one a replay reads comes back before that replay and stays as long as it would
@@ -138,7 +140,7 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     ks_arr = ks_arr[np.lexsort((ks_arr, rg.created[ks_arr], facts.ready[ks_arr]))]
     ks = ks_arr.tolist()
     nbytes = rg.bytes[ks_arr]
-    duration = nbytes / (link.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
+    duration = link.copy_ms(nbytes)
     at = np.array([r.at for r in replays], dtype=np.int64)
     replay_ms = np.bincount(at, weights=[r.time_ms for r in replays], minlength=sim.n) if len(at) else np.zeros(sim.n)
     run = rg.run_ms

@@ -1,0 +1,81 @@
+"""What a copy to the host and back costs: its bytes at the link's rate plus a fixed time per copy, in the profile,
+in the simulated schedule and in the planner's choice between offloading and recomputing."""
+
+import dataclasses
+import gzip
+import json
+
+import numpy as np
+import pytest
+from test_offload import offloadable, on_gpu
+from test_rewrite import captured
+
+from acstudio.errors import CorruptFileError
+from acstudio.plan import plan as make_plan
+from acstudio.profile.model import DEFAULT_COPY_LATENCY_US, HostLink, Profile
+from acstudio.simulate.modes import simulate_plan
+from acstudio.simulate.simulator import Simulator
+
+
+def test_the_copy_latency_round_trips_and_older_files_get_the_stated_default(tmp_path):
+    *_, profile = captured("gpt2")
+    measured = dataclasses.replace(profile, host_link=HostLink(55.0, 54.0, 48.5, 3 * 2**30, copy_latency_us=7.5))
+    measured.save(tmp_path / "new.json")
+    back = Profile.load(tmp_path / "new.json")
+    assert back.host_link == measured.host_link and back.link.copy_latency_ms == pytest.approx(0.0075)
+
+    doc = measured.to_dict()  # a file from before the copy latency was measured: the key is absent
+    del doc["host_link"]["copy_latency_us"]
+    with gzip.open(tmp_path / "old.json.gz", "wt") as f:
+        json.dump({"schema": "acstudio.profile", "version": 1, **doc}, f)
+    old = Profile.load(tmp_path / "old.json.gz")
+    assert old.host_link.copy_latency_us is None and old.link.measured  # the bandwidths still count as measured
+    assert old.link.copy_latency_ms == DEFAULT_COPY_LATENCY_US / 1e3
+    assert old.link.copy_ms(48.5e6) == pytest.approx(DEFAULT_COPY_LATENCY_US / 1e3 + 1.0)
+
+    doc["host_link"]["copy_latency_us"] = -1.0
+    with open(tmp_path / "bad.json", "w") as f:
+        json.dump({"schema": "acstudio.profile", "version": 1, **doc}, f)
+    with pytest.raises(CorruptFileError, match="copy_latency_us"):
+        Profile.load(tmp_path / "bad.json")
+
+
+def test_every_copy_takes_the_fixed_time_beside_its_bytes():
+    *_, profile = captured("gpt2")
+    link = HostLink(20.0, 20.0, 10.0, 2**30, copy_latency_us=40.0)
+    sim = Simulator(dataclasses.replace(profile, host_link=link))
+    schedule = simulate_plan(sim, [], "again", offloadable(sim)).offload
+    took = 0.040 + schedule.bytes / 10.0e6
+    assert np.allclose(schedule.d2h[:, 1] - schedule.d2h[:, 0], took)
+    assert np.allclose(schedule.h2d[:, 1] - schedule.h2d[:, 0], took)
+    # The lane is serial: n copies hold it for n fixed times plus their bytes, more than one copy of those bytes.
+    lane = (schedule.d2h[:, 1] - schedule.d2h[:, 0]).sum()
+    assert len(schedule.bytes) > 1 and lane == pytest.approx(len(schedule.bytes) * 0.040 + schedule.moved_bytes / 1e7)
+    assert lane > link.copy_ms(schedule.moved_bytes)
+
+
+def test_many_small_copies_stall_where_the_same_bytes_in_one_copy_would_not():
+    *_, profile = captured("gpt2")
+    sim = Simulator(dataclasses.replace(profile, host_link=HostLink(copy_latency_us=0.0)))
+    acts = offloadable(sim)
+    free = simulate_plan(sim, [], "again", acts)
+    assert free.offload.hidden
+    # A fixed cost per copy of one node's run time: the same bytes now stall the step, and more copies stall more.
+    node_ms = float(np.median(sim.replay.run_ms))
+    costly = Simulator(dataclasses.replace(profile, host_link=HostLink(copy_latency_us=1e3 * node_ms)))
+    few, many = (simulate_plan(costly, [], "again", acts[:n]) for n in (len(acts) // 4, len(acts)))
+    assert many.offload.stall_ms > few.offload.stall_ms >= 0 and many.extra_ms > free.extra_ms
+
+
+def test_the_planner_recomputes_where_the_copies_cost_more_than_the_replay():
+    *_, profile = captured("gpt2")
+    budget = int(profile.peak_bytes * 0.9)
+    fast = on_gpu(profile, copy_latency_us=0.0)
+    recompute_only = make_plan(fast, budget, offload=False)
+    cheap = make_plan(fast, budget)
+    assert cheap.offloaded and cheap.predicted_extra_ms < recompute_only.predicted_extra_ms
+    # The same link, but every copy takes longer than the whole step: no offload is cheaper than a replay.
+    step_ms = float(Simulator(fast).replay.run_ms.sum())
+    costly = make_plan(on_gpu(profile, copy_latency_us=1e3 * step_ms), budget)
+    assert not costly.offloaded and costly.feasible
+    assert costly.predicted_extra_ms == pytest.approx(recompute_only.predicted_extra_ms)
