@@ -266,8 +266,8 @@ def peak_breakdown(analysis: GraphAnalysis, peak_index: int, peak_bytes: int) ->
 # milliseconds on PCIe), small enough to fit beside any profiled step.
 LINK_PROBE_BYTES = 256 * 2**20
 LINK_PROBE_REPEATS = 3
-# The fixed cost of one copy is timed on this many copies of LATENCY_PROBE_BYTES each, issued as the rewritten step
-# issues its copies: small enough that their bytes take a negligible share of the time, many enough to average.
+# The fixed costs of one copy are timed on this many copies of LATENCY_PROBE_BYTES each, issued as the rewritten
+# step issues its copies: small enough that their bytes take a negligible share of the time, many enough to average.
 LATENCY_PROBE_COPIES = 64
 LATENCY_PROBE_BYTES = 4096
 LATENCY_PROBE_HOLD_CYCLES = 20_000_000  # GPU clock cycles the compute stream spins while the copies are issued
@@ -291,8 +291,8 @@ def host_available_bytes() -> int | None:
 
 def measure_host_link(dev: torch.device) -> HostLink:
     """Bandwidth of pinned copies between ``dev`` and the host, each direction alone and both at once on two
-    streams (the best of a few repeats, timed with CUDA events), the fixed time of one copy, and the host memory
-    available.
+    streams (the best of a few repeats, timed with CUDA events), the fixed costs of one copy on the device and on
+    the host, and the host memory available.
 
     On a CPU device there is no link: the link's numbers stay None and a plan is priced with the defaults."""
     host_free = host_available_bytes()
@@ -300,41 +300,49 @@ def measure_host_link(dev: torch.device) -> HostLink:
         return HostLink(host_free_bytes=host_free)
     try:
         d2h, h2d, duplex = _link_rates(dev, LINK_PROBE_BYTES)
-        latency_us = _copy_latency_us(dev, LATENCY_PROBE_BYTES, LATENCY_PROBE_COPIES)
+        latency_us, issue_us = _copy_costs_us(dev, LATENCY_PROBE_BYTES, LATENCY_PROBE_COPIES)
     finally:
         free_device_memory()
     return HostLink(d2h_gb_s=round(d2h, 3), h2d_gb_s=round(h2d, 3), duplex_gb_s=round(duplex, 3),
-                    host_free_bytes=host_free, copy_latency_us=round(latency_us, 3))
+                    host_free_bytes=host_free, copy_latency_us=round(latency_us, 3),
+                    offload_issue_us=round(issue_us, 3))
 
 
-def _copy_latency_us(dev: torch.device, nbytes: int, copies: int) -> float:
-    """Microseconds one small pinned copy holds its stream, each way, issued as the rewritten step issues them: on a
-    side stream that first waits for the compute stream, with an event the compute stream waits on (the best of a
-    few repeats, the slower direction)."""
+def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float]:
+    """Microseconds of one small pinned copy's fixed cost: (the time it holds its stream, the slower direction;
+    the host time to issue one offloaded activation's calls, both directions). Issued as the rewritten step issues
+    them: on a side stream that first waits for the compute stream (a copy back also for its copy out), with an
+    event the compute stream waits on. The copies queue behind the compute stream spinning, so that neither
+    measurement waits for the other; the best of a few repeats."""
     compute, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
     device = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(copies)]
     host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(copies)]
     done = [torch.cuda.Event() for _ in range(copies)]
 
-    def timed(to_host: bool) -> float:
-        best = float("inf")
+    def timed(to_host: bool) -> tuple[float, float]:
+        on_device = on_host = float("inf")
         for _ in range(LINK_PROBE_REPEATS):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(dev)
-            torch.cuda._sleep(LATENCY_PROBE_HOLD_CYCLES)  # the copies queue up behind it: no launch gaps timed
+            torch.cuda._sleep(LATENCY_PROBE_HOLD_CYCLES)
             start.record(compute)
+            t0 = time.perf_counter()
             for j in range(copies):
                 side.wait_stream(compute)
+                if not to_host:
+                    side.wait_event(done[j])
                 with torch.cuda.stream(side):
                     (host[j] if to_host else device[j]).copy_(device[j] if to_host else host[j], non_blocking=True)
                 done[j].record(side)
                 compute.wait_event(done[j])
+            on_host = min(on_host, (time.perf_counter() - t0) * 1e6 / copies)
             end.record(side)
             end.synchronize()
-            best = min(best, start.elapsed_time(end) * 1e3 / copies)
-        return best
+            on_device = min(on_device, start.elapsed_time(end) * 1e3 / copies)
+        return on_device, on_host
 
-    return max(timed(True), timed(False))
+    (out_device, out_host), (in_device, in_host) = timed(True), timed(False)
+    return max(out_device, in_device), out_host + in_host
 
 
 def _link_rates(dev: torch.device, nbytes: int) -> tuple[float, float, float]:

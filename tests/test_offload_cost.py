@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from test_offload import offloadable, on_gpu
+from test_offload import BYTES_ONLY, offloadable, on_gpu
 from test_rewrite import captured
 
 from acstudio.errors import CorruptFileError
@@ -42,7 +42,7 @@ def test_the_copy_latency_round_trips_and_older_files_get_the_stated_default(tmp
 
 def test_every_copy_takes_the_fixed_time_beside_its_bytes():
     *_, profile = captured("gpt2")
-    link = HostLink(20.0, 20.0, 10.0, 2**30, copy_latency_us=40.0)
+    link = HostLink(20.0, 20.0, 10.0, 2**30, copy_latency_us=40.0, offload_issue_us=0.0)
     sim = Simulator(dataclasses.replace(profile, host_link=link))
     schedule = simulate_plan(sim, [], "again", offloadable(sim)).offload
     took = 0.040 + schedule.bytes / 10.0e6
@@ -56,26 +56,43 @@ def test_every_copy_takes_the_fixed_time_beside_its_bytes():
 
 def test_many_small_copies_stall_where_the_same_bytes_in_one_copy_would_not():
     *_, profile = captured("gpt2")
-    sim = Simulator(dataclasses.replace(profile, host_link=HostLink(copy_latency_us=0.0)))
+    sim = Simulator(dataclasses.replace(profile, host_link=HostLink(**BYTES_ONLY)))
     acts = offloadable(sim)
     free = simulate_plan(sim, [], "again", acts)
     assert free.offload.hidden
     # A fixed cost per copy of one node's run time: the same bytes now stall the step, and more copies stall more.
     node_ms = float(np.median(sim.replay.run_ms))
-    costly = Simulator(dataclasses.replace(profile, host_link=HostLink(copy_latency_us=1e3 * node_ms)))
+    costly = Simulator(dataclasses.replace(profile, host_link=HostLink(copy_latency_us=1e3 * node_ms,
+                                                                        offload_issue_us=0.0)))
     few, many = (simulate_plan(costly, [], "again", acts[:n]) for n in (len(acts) // 4, len(acts)))
     assert many.offload.stall_ms > few.offload.stall_ms >= 0 and many.extra_ms > free.extra_ms
 
 
-def test_the_planner_recomputes_where_the_copies_cost_more_than_the_replay():
+def test_each_offload_adds_the_host_time_of_its_calls_to_the_step():
+    *_, profile = captured("gpt2")
+    link = HostLink(copy_latency_us=0.0, offload_issue_us=30.0)
+    sim = Simulator(dataclasses.replace(profile, host_link=link))
+    acts = offloadable(sim)
+    free = simulate_plan(Simulator(dataclasses.replace(profile, host_link=HostLink(**BYTES_ONLY))), [], "again", acts)
+    for n in (1, len(acts)):
+        result = simulate_plan(sim, [], "again", acts[:n])
+        assert result.offload.issue_ms == pytest.approx(0.030 * n)
+        assert result.extra_ms == pytest.approx(result.offload.stall_ms + result.offload.issue_ms)
+    # The calls delay the compute stream, not the copies: the same copies still hide.
+    assert result.offload.hidden and free.offload.hidden and result.extra_ms > free.extra_ms == 0.0
+
+
+@pytest.mark.parametrize("fixed_cost", ["copy_latency_us", "offload_issue_us"])
+def test_the_planner_recomputes_where_an_offload_costs_more_than_the_replay(fixed_cost):
     *_, profile = captured("gpt2")
     budget = int(profile.peak_bytes * 0.9)
-    fast = on_gpu(profile, copy_latency_us=0.0)
+    fast = on_gpu(profile, **BYTES_ONLY)
     recompute_only = make_plan(fast, budget, offload=False)
     cheap = make_plan(fast, budget)
     assert cheap.offloaded and cheap.predicted_extra_ms < recompute_only.predicted_extra_ms
-    # The same link, but every copy takes longer than the whole step: no offload is cheaper than a replay.
+    # The same link, but each copy, or each offload's calls, take longer than the whole step: no offload is cheaper
+    # than a replay.
     step_ms = float(Simulator(fast).replay.run_ms.sum())
-    costly = make_plan(on_gpu(profile, copy_latency_us=1e3 * step_ms), budget)
+    costly = make_plan(on_gpu(profile, **{**BYTES_ONLY, fixed_cost: 1e3 * step_ms}), budget)
     assert not costly.offloaded and costly.feasible
     assert costly.predicted_extra_ms == pytest.approx(recompute_only.predicted_extra_ms)

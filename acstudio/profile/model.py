@@ -107,6 +107,10 @@ DEFAULT_HOST_FREE_BYTES = 8 * 2**30
 # streams the rewritten step adds to each one, so that a plan priced with it does not count on many small copies
 # being free.
 DEFAULT_COPY_LATENCY_US = 10.0
+# The host's side of one offloaded activation: the rewritten step's Python calls that issue its two copies and the
+# compute stream's two waits. Where the step keeps the device busy they overlap with its kernels; where the host is
+# what limits the step (many small kernels) they add to it, which a plan must assume it may.
+DEFAULT_OFFLOAD_ISSUE_US = 50.0
 
 
 @dataclass
@@ -122,6 +126,7 @@ class HostLink:
     duplex_gb_s: float | None = None  # each way, both directions copying at once
     host_free_bytes: int | None = None
     copy_latency_us: float | None = None  # fixed time of one copy on its stream, besides its bytes at the rate
+    offload_issue_us: float | None = None  # host time to issue one offloaded activation's copies and waits
 
     @property
     def measured(self) -> bool:
@@ -147,6 +152,10 @@ class HostLink:
     @property
     def copy_latency_ms(self) -> float:
         return (DEFAULT_COPY_LATENCY_US if self.copy_latency_us is None else self.copy_latency_us) / 1e3
+
+    @property
+    def offload_issue_ms(self) -> float:
+        return (DEFAULT_OFFLOAD_ISSUE_US if self.offload_issue_us is None else self.offload_issue_us) / 1e3
 
     def copy_ms(self, nbytes):
         """Time one copy of ``nbytes`` (a number or an array) takes on its stream with both directions copying:

@@ -136,6 +136,7 @@ class EnvironmentDoc(_Doc):
 
 
 GbPerS = Annotated[float, Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)]
+Us = Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)]
 
 
 class HostLinkDoc(_Doc):
@@ -143,7 +144,8 @@ class HostLinkDoc(_Doc):
     h2d_gb_s: GbPerS | None = None
     duplex_gb_s: GbPerS | None = None
     host_free_bytes: Bytes | None = None
-    copy_latency_us: Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)] | None = None
+    copy_latency_us: Us | None = None
+    offload_issue_us: Us | None = None
 
 
 class ProfileDoc(_Doc):

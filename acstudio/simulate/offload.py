@@ -13,7 +13,11 @@
 * the host-to-device copy is issued on a second copy stream before node ``prefetch[k]``, which allocates ``k``
   again, as late as lets it land by the time it is needed: the copies are laid back to back, latest first,
   each ending when it is needed or by the start of the copy after it (the lane is serial);
-* where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time.
+* where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time;
+* the four calls that issue an activation's copies and waits (after ``ready[k]``, before ``release[k]``,
+  ``prefetch[k]`` and ``needed[k]``) each take a quarter of the link's host time per offload, added to the step's
+  time where they run: a step with many small kernels is limited by the host issuing them, and each offload adds
+  its calls to that.
 
 Times come from the nodes' run times (scaled as for recomputation) plus the replays a plan inserts; both lanes
 run at the rate the link reaches with both directions copying (they overlap around the loss; elsewhere that rate
@@ -85,7 +89,8 @@ class OffloadSchedule:
     Node indices: ``ready`` (the copy out is issued after it), ``release`` (its device memory is freed before it),
     ``prefetch`` (the copy back is issued, and the memory allocated, before it), ``first_bw``, ``needed`` (it must
     be back before this node, or before the replays inserted there where ``by_replay``); times in ms from the
-    step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies.
+    step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies;
+    ``issue_ms``: the host time of the calls that issue them.
     """
 
     offloaded: np.ndarray
@@ -99,6 +104,7 @@ class OffloadSchedule:
     d2h: np.ndarray
     h2d: np.ndarray
     stall_ms: float
+    issue_ms: float = 0.0
 
     @property
     def moved_bytes(self) -> int:
@@ -113,6 +119,11 @@ class OffloadSchedule:
     @property
     def hidden(self) -> bool:
         return self.stall_ms <= 0.0
+
+    @property
+    def extra_ms(self) -> float:
+        """Time offload adds to the step: its stalls and the host time issuing its copies and waits."""
+        return self.stall_ms + self.issue_ms
 
     def host_memory(self, sim) -> np.ndarray:
         """Bytes of offloaded activations held on the host at each node: from the node after which the copy out
@@ -182,20 +193,24 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     at_ms = np.select([phase == 4, phase == 3], [end[node], start[node]], issue[node])  # when the event is reached
     d2h = [[0.0, 0.0] for _ in range(m)]
     h2d = [[0.0, 0.0] for _ in range(m)]
-    delay, out_lane, in_lane = 0.0, 0.0, 0.0
+    call = link.offload_issue_ms / 4  # each event below is one call the host issues before the compute stream goes on
+    delay, stall, out_lane, in_lane = 0.0, 0.0, 0.0, 0.0
     for t, p, j in zip(at_ms[order].tolist(), phase[order].tolist(), slot[order].tolist()):
+        delay += call
         if p == 4:  # the copy out, after its ready node
             begin = max(t + delay, out_lane)
             out_lane = begin + took[j]
             d2h[j] = [begin, out_lane]
         elif p == 0:  # the compute stream waits for the copy out, then frees the device memory
-            delay += max(0.0, d2h[j][1] - (t + delay))
+            wait = max(0.0, d2h[j][1] - (t + delay))
+            delay, stall = delay + wait, stall + wait
         elif p == 1:  # the copy back is issued once the copy out has ended and the lane is free
             begin = max(t + delay, in_lane, d2h[j][1])
             in_lane = begin + took[j]
             h2d[j] = [begin, in_lane]
         else:  # the first use waits for it: a replay reading it (phase 2), else its first backward use (3)
-            delay += max(0.0, h2d[j][1] - (t + delay))
+            wait = max(0.0, h2d[j][1] - (t + delay))
+            delay, stall = delay + wait, stall + wait
     d2h, h2d = np.array(d2h).reshape(m, 2), np.array(h2d).reshape(m, 2)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
-                           float(delay))
+                           float(stall), 4 * m * call)
