@@ -231,9 +231,12 @@ def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: i
     return analysis, {"warmup": warmup, "iterations": iterations}
 
 
-def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: int = 3) -> tuple[float, int]:
-    """Median wall time of the compiled-to-Python graph (no per-node hooks) and its peak allocation."""
-    times = []
+def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: int = 3
+                    ) -> tuple[float, int, float]:
+    """Median wall time of the compiled-to-Python graph (no per-node hooks), its peak allocation, and the median
+    time the host takes to issue it (until the graph returns, before the device is done): close to the wall time
+    where the host is what limits the step, well below it where the device is."""
+    times, issued = [], []
     peak = 0
     for _ in range(repeats):
         if dev.type == "cuda":
@@ -242,12 +245,13 @@ def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: 
         t0 = time.perf_counter()
         with torch.no_grad():
             out = step.gm(*flat)
+        issued.append((time.perf_counter() - t0) * 1e3)
         if dev.type == "cuda":
             torch.cuda.synchronize()
             peak = max(peak, torch.cuda.max_memory_allocated())
         times.append((time.perf_counter() - t0) * 1e3)
         del out
-    return statistics.median(times), peak
+    return statistics.median(times), peak, statistics.median(issued)
 
 
 def peak_breakdown(analysis: GraphAnalysis, peak_index: int, peak_bytes: int) -> dict[str, int]:
@@ -309,39 +313,54 @@ def measure_host_link(dev: torch.device) -> HostLink:
 
 
 def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float]:
-    """Microseconds of one small pinned copy's fixed cost: (the time it holds its stream, the slower direction;
-    the host time to issue one offloaded activation's calls, both directions). Issued as the rewritten step issues
-    them: on a side stream that first waits for the compute stream (a copy back also for its copy out), with an
-    event the compute stream waits on. The copies queue behind the compute stream spinning, so that neither
+    """Microseconds of one small pinned copy's fixed costs: (the time it holds its stream, the slower direction;
+    the host time to issue one offloaded activation's calls, both directions). Issued with the torch calls the
+    rewritten step makes (:mod:`acstudio.rewrite.offload`): the copy out reads the tensor's storage as bytes on a
+    side stream that waits for the compute stream, and the compute stream waits for it before freeing the tensor;
+    the copy back allocates its buffer, waits for both streams, and the compute stream waits for it before
+    rebuilding the tensor over the buffer. The copies queue behind the compute stream spinning, so that neither
     measurement waits for the other; the best of a few repeats."""
-    compute, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
-    device = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(copies)]
-    host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(copies)]
+    side = torch.cuda.Stream(dev)
+    device = [torch.empty(nbytes // 4, dtype=torch.float32, device=dev) for _ in range(copies)]
+    pool = torch.empty(nbytes * copies, dtype=torch.uint8, pin_memory=True)
+    host = [pool[j * nbytes:(j + 1) * nbytes] for j in range(copies)]
     done = [torch.cuda.Event() for _ in range(copies)]
 
-    def timed(to_host: bool) -> tuple[float, float]:
+    def copy_out(j: int) -> None:
+        data = torch.empty(0, dtype=torch.uint8, device=dev).set_(device[j].untyped_storage())
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            host[j][:nbytes].copy_(data, non_blocking=True)
+        done[j].record(side)
+        torch.cuda.current_stream(dev).wait_event(done[j])
+
+    def copy_back(j: int) -> None:
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        side.wait_event(done[j])
+        with torch.cuda.stream(side):
+            buffer.copy_(host[j][:nbytes], non_blocking=True)
+        done[j].record(side)
+        torch.cuda.current_stream(dev).wait_event(done[j])
+        torch.empty(0, dtype=torch.float32, device=dev).set_(buffer.untyped_storage(), 0, (nbytes // 4,), (1,))
+
+    def timed(issue) -> tuple[float, float]:
         on_device = on_host = float("inf")
         for _ in range(LINK_PROBE_REPEATS):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(dev)
             torch.cuda._sleep(LATENCY_PROBE_HOLD_CYCLES)
-            start.record(compute)
+            start.record()
             t0 = time.perf_counter()
             for j in range(copies):
-                side.wait_stream(compute)
-                if not to_host:
-                    side.wait_event(done[j])
-                with torch.cuda.stream(side):
-                    (host[j] if to_host else device[j]).copy_(device[j] if to_host else host[j], non_blocking=True)
-                done[j].record(side)
-                compute.wait_event(done[j])
+                issue(j)
             on_host = min(on_host, (time.perf_counter() - t0) * 1e6 / copies)
             end.record(side)
             end.synchronize()
             on_device = min(on_device, start.elapsed_time(end) * 1e3 / copies)
         return on_device, on_host
 
-    (out_device, out_host), (in_device, in_host) = timed(True), timed(False)
+    (out_device, out_host), (in_device, in_host) = timed(copy_out), timed(copy_back)
     return max(out_device, in_device), out_host + in_host
 
 
@@ -400,7 +419,7 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         analysis, iters = profile_step(step, flat, dev, warmup=warmup, iterations=iterations,
                                        progress=progress, cancel=cancel, on_memory=on_memory)
         stage = "timing the whole step"
-        iteration_ms, step_peak = time_whole_step(step, flat, dev)
+        iteration_ms, step_peak, issue_ms = time_whole_step(step, flat, dev)
         graph = serialize_step(step)
         stage = "measuring the host link"
         link = measure_host_link(dev)
@@ -431,4 +450,5 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         activations=analysis.activations, peak_bytes=int(peaks[peak_index]),
         peak_node=analysis.nodes[peak_index].id,
         peak_breakdown=peak_breakdown(analysis, peak_index, int(peaks[peak_index])),
-        iteration_ms=float(iteration_ms), iterations=iters, host_link=link)
+        iteration_ms=float(iteration_ms), iterations=iters, host_link=link,
+        host_issue_ms=float(issue_ms) if dev.type == "cuda" else None)

@@ -68,18 +68,34 @@ def test_many_small_copies_stall_where_the_same_bytes_in_one_copy_would_not():
     assert many.offload.stall_ms > few.offload.stall_ms >= 0 and many.extra_ms > free.extra_ms
 
 
-def test_each_offload_adds_the_host_time_of_its_calls_to_the_step():
+@pytest.mark.parametrize("host_lead", [None, 0.0, 0.5, 1.0])
+def test_each_offload_adds_its_calls_host_time_beyond_the_hosts_lead(host_lead):
+    """``host_lead``: the share of the per-offload calls of all offloads the host's lead at the step's end covers
+    (None: not measured, as if the host limited the step)."""
     *_, profile = captured("gpt2")
-    link = HostLink(copy_latency_us=0.0, offload_issue_us=30.0)
-    sim = Simulator(dataclasses.replace(profile, host_link=link))
-    acts = offloadable(sim)
-    free = simulate_plan(Simulator(dataclasses.replace(profile, host_link=HostLink(**BYTES_ONLY))), [], "again", acts)
-    for n in (1, len(acts)):
+    acts = offloadable(Simulator(profile))
+    per_offload_ms = profile.iteration_ms / (2 * len(acts))  # all calls take half the step's time
+    lead_ms = None if host_lead is None else host_lead * per_offload_ms * len(acts)
+    issue_ms = None if lead_ms is None else profile.iteration_ms - lead_ms
+    link = HostLink(copy_latency_us=0.0, offload_issue_us=1e3 * per_offload_ms)
+    sim = Simulator(dataclasses.replace(profile, host_link=link, host_issue_ms=issue_ms))
+    assert sim.profile.host_lead_ms == pytest.approx(lead_ms or 0.0)
+    for n in (1, len(acts) // 2, len(acts)):
         result = simulate_plan(sim, [], "again", acts[:n])
-        assert result.offload.issue_ms == pytest.approx(0.030 * n)
+        assert result.offload.issue_ms == pytest.approx(max(0.0, per_offload_ms * n - (lead_ms or 0.0)))
         assert result.extra_ms == pytest.approx(result.offload.stall_ms + result.offload.issue_ms)
-    # The calls delay the compute stream, not the copies: the same copies still hide.
-    assert result.offload.hidden and free.offload.hidden and result.extra_ms > free.extra_ms == 0.0
+        assert result.offload.hidden  # the calls take host time: the copies still hide
+
+
+def test_the_host_issue_time_round_trips_and_older_files_have_no_lead(tmp_path):
+    *_, profile = captured("gpt2")
+    measured = dataclasses.replace(profile, host_issue_ms=0.25 * profile.iteration_ms)
+    measured.save(tmp_path / "p.json")
+    back = Profile.load(tmp_path / "p.json")
+    assert back.host_issue_ms == measured.host_issue_ms
+    assert back.host_lead_ms == pytest.approx(0.75 * profile.iteration_ms)
+    assert profile.host_issue_ms is None and profile.host_lead_ms == 0.0
+    assert "host_issue_ms" not in profile.to_dict()  # a profile without it writes what older files hold
 
 
 @pytest.mark.parametrize("fixed_cost", ["copy_latency_us", "offload_issue_us"])

@@ -107,10 +107,10 @@ DEFAULT_HOST_FREE_BYTES = 8 * 2**30
 # streams the rewritten step adds to each one, so that a plan priced with it does not count on many small copies
 # being free.
 DEFAULT_COPY_LATENCY_US = 10.0
-# The host's side of one offloaded activation: the rewritten step's Python calls that issue its two copies and the
-# compute stream's two waits. Where the step keeps the device busy they overlap with its kernels; where the host is
-# what limits the step (many small kernels) they add to it, which a plan must assume it may.
-DEFAULT_OFFLOAD_ISSUE_US = 50.0
+# The host's side of one offloaded activation: the rewritten step's four Python calls that issue its two copies and
+# the compute stream's two waits, some twenty torch calls, about as long as issuing ten nodes of the graph. Where the
+# device has work queued they overlap with it; where the host is what limits the step they add to it.
+DEFAULT_OFFLOAD_ISSUE_US = 100.0
 
 
 @dataclass
@@ -177,6 +177,7 @@ class Profile:
     iteration_ms: float
     iterations: dict[str, int] = field(default_factory=dict)
     host_link: HostLink | None = None  # absent in files from before the link was measured
+    host_issue_ms: float | None = None  # host time to issue the whole step (GPU only; absent in older files)
 
     @property
     def link(self) -> HostLink:
@@ -188,6 +189,15 @@ class Profile:
     def fingerprint(self) -> str:
         """Hash of the captured graph (ops, wiring, shapes): plans and exports are refused on any other."""
         return graph_fingerprint(self.graph)
+
+    @property
+    def host_lead_ms(self) -> float:
+        """How long before the device finishes the step the host has issued all of it: the time host-side work
+        added to the step (offload's calls) can take without lengthening it. 0 where it was not measured, as if
+        the host limited the step."""
+        if self.host_issue_ms is None:
+            return 0.0
+        return max(0.0, self.iteration_ms - self.host_issue_ms)
 
     @cached_property
     def time_scale(self) -> float:
@@ -241,6 +251,7 @@ class Profile:
             "iteration_ms": self.iteration_ms,
             "iterations": self.iterations,
             **({"host_link": dataclasses.asdict(self.host_link)} if self.host_link is not None else {}),
+            **({"host_issue_ms": self.host_issue_ms} if self.host_issue_ms is not None else {}),
             "fingerprint": self.fingerprint,  # lets loading prove the graph was not changed since
         }
 
@@ -276,6 +287,7 @@ class Profile:
             iteration_ms=doc.iteration_ms,
             iterations=doc.iterations,
             host_link=HostLink(**doc.host_link.model_dump()) if doc.host_link is not None else None,
+            host_issue_ms=doc.host_issue_ms,
         )
         if hashed:
             profile.__dict__["fingerprint"] = hashed[0]  # already computed to check it: keep it (cached_property)

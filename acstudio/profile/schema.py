@@ -162,6 +162,7 @@ class ProfileDoc(_Doc):
     iterations: dict[str, Annotated[int, Field(strict=True, ge=0)]] = {}
     fingerprint: Id = ""  # absent in files written before it was stored (then not checked)
     host_link: HostLinkDoc | None = None  # absent in files written before the link was measured
+    host_issue_ms: Ms | None = None  # absent in files written before it was measured, and for a CPU device
 
 
 class PlanDoc(_Doc):

@@ -15,9 +15,10 @@
   each ending when it is needed or by the start of the copy after it (the lane is serial);
 * where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time;
 * the four calls that issue an activation's copies and waits (after ``ready[k]``, before ``release[k]``,
-  ``prefetch[k]`` and ``needed[k]``) each take a quarter of the link's host time per offload, added to the step's
-  time where they run: a step with many small kernels is limited by the host issuing them, and each offload adds
-  its calls to that.
+  ``prefetch[k]`` and ``needed[k]``) take the link's host time per offload on the host, which issues the step
+  while the device runs it and never waits for it. Where the host finishes issuing the step before the device
+  finishes running it (the profile's ``host_lead_ms``), the calls first use up that lead; the rest lengthens the
+  step (``issue_ms``). A step of many small kernels, whose host is what limits it, pays for every call.
 
 Times come from the nodes' run times (scaled as for recomputation) plus the replays a plan inserts; both lanes
 run at the rate the link reaches with both directions copying (they overlap around the loss; elsewhere that rate
@@ -193,24 +194,22 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     at_ms = np.select([phase == 4, phase == 3], [end[node], start[node]], issue[node])  # when the event is reached
     d2h = [[0.0, 0.0] for _ in range(m)]
     h2d = [[0.0, 0.0] for _ in range(m)]
-    call = link.offload_issue_ms / 4  # each event below is one call the host issues before the compute stream goes on
-    delay, stall, out_lane, in_lane = 0.0, 0.0, 0.0, 0.0
+    delay, out_lane, in_lane = 0.0, 0.0, 0.0
     for t, p, j in zip(at_ms[order].tolist(), phase[order].tolist(), slot[order].tolist()):
-        delay += call
         if p == 4:  # the copy out, after its ready node
             begin = max(t + delay, out_lane)
             out_lane = begin + took[j]
             d2h[j] = [begin, out_lane]
         elif p == 0:  # the compute stream waits for the copy out, then frees the device memory
-            wait = max(0.0, d2h[j][1] - (t + delay))
-            delay, stall = delay + wait, stall + wait
+            delay += max(0.0, d2h[j][1] - (t + delay))
         elif p == 1:  # the copy back is issued once the copy out has ended and the lane is free
             begin = max(t + delay, in_lane, d2h[j][1])
             in_lane = begin + took[j]
             h2d[j] = [begin, in_lane]
         else:  # the first use waits for it: a replay reading it (phase 2), else its first backward use (3)
-            wait = max(0.0, h2d[j][1] - (t + delay))
-            delay, stall = delay + wait, stall + wait
+            delay += max(0.0, h2d[j][1] - (t + delay))
     d2h, h2d = np.array(d2h).reshape(m, 2), np.array(h2d).reshape(m, 2)
+    # The host's calls: the host's lead over the device at the step's end absorbs them, the rest lengthens it.
+    calls_ms = max(0.0, m * link.offload_issue_ms - sim.profile.host_lead_ms)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
-                           float(stall), 4 * m * call)
+                           float(delay), calls_ms)
