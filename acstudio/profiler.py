@@ -304,22 +304,22 @@ def measure_host_link(dev: torch.device) -> HostLink:
         return HostLink(host_free_bytes=host_free)
     try:
         d2h, h2d, duplex = _link_rates(dev, LINK_PROBE_BYTES)
-        latency_us, issue_us = _copy_costs_us(dev, LATENCY_PROBE_BYTES, LATENCY_PROBE_COPIES)
+        latency_us, issue_us, op_us = _copy_costs_us(dev, LATENCY_PROBE_BYTES, LATENCY_PROBE_COPIES)
     finally:
         free_device_memory()
     return HostLink(d2h_gb_s=round(d2h, 3), h2d_gb_s=round(h2d, 3), duplex_gb_s=round(duplex, 3),
                     host_free_bytes=host_free, copy_latency_us=round(latency_us, 3),
-                    offload_issue_us=round(issue_us, 3))
+                    offload_issue_us=round(issue_us, 3), op_issue_us=round(op_us, 3))
 
 
-def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float]:
+def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float, float]:
     """Microseconds of one small pinned copy's fixed costs: (the time it holds its stream, the slower direction;
-    the host time to issue one offloaded activation's calls, both directions). Issued with the torch calls the
-    rewritten step makes (:mod:`acstudio.rewrite.offload`): the copy out reads the tensor's storage as bytes on a
-    side stream that waits for the compute stream, and the compute stream waits for it before freeing the tensor;
-    the copy back allocates its buffer, waits for both streams, and the compute stream waits for it before
-    rebuilding the tensor over the buffer. The copies queue behind the compute stream spinning, so that neither
-    measurement waits for the other; the best of a few repeats."""
+    the host time to issue one offloaded activation's calls, both directions; for scale, the host time to issue
+    one small op). Issued with the torch calls the rewritten step makes (:mod:`acstudio.rewrite.offload`): the copy
+    out reads the tensor's storage as bytes on a side stream that waits for the compute stream, and the compute
+    stream waits for it before freeing the tensor; the copy back allocates its buffer, waits for both streams, and
+    the compute stream waits for it before rebuilding the tensor over the buffer. The copies queue behind the
+    compute stream spinning, so that neither measurement waits for the other; the best of a few repeats."""
     side = torch.cuda.Stream(dev)
     device = [torch.empty(nbytes // 4, dtype=torch.float32, device=dev) for _ in range(copies)]
     pool = torch.empty(nbytes * copies, dtype=torch.uint8, pin_memory=True)
@@ -361,7 +361,9 @@ def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, 
         return on_device, on_host
 
     (out_device, out_host), (in_device, in_host) = timed(copy_out), timed(copy_back)
-    return max(out_device, in_device), out_host + in_host
+    small = device[0][:1]
+    _, op_host = timed(lambda j: torch.ops.aten.add.Tensor(small, small))  # one small op as the step's code calls it
+    return max(out_device, in_device), out_host + in_host, op_host
 
 
 def _link_rates(dev: torch.device, nbytes: int) -> tuple[float, float, float]:

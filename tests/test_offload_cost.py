@@ -12,8 +12,17 @@ from test_rewrite import captured
 
 from acstudio.errors import CorruptFileError
 from acstudio.plan import plan as make_plan
-from acstudio.profile.model import DEFAULT_COPY_LATENCY_US, HostLink, Profile
+from acstudio.profile.model import (
+    DEFAULT_COPY_LATENCY_US,
+    DEFAULT_NODE_ISSUE_US,
+    DEFAULT_OFFLOAD_ISSUE_US,
+    DEFAULT_OP_ISSUE_US,
+    UNISSUED_OPS,
+    HostLink,
+    Profile,
+)
 from acstudio.simulate.modes import simulate_plan
+from acstudio.simulate.offload import host_delay
 from acstudio.simulate.simulator import Simulator
 
 
@@ -68,33 +77,48 @@ def test_many_small_copies_stall_where_the_same_bytes_in_one_copy_would_not():
     assert many.offload.stall_ms > few.offload.stall_ms >= 0 and many.extra_ms > free.extra_ms
 
 
-@pytest.mark.parametrize("host_lead", [None, 0.0, 0.5, 1.0])
-def test_each_offload_adds_its_calls_host_time_beyond_the_hosts_lead(host_lead):
-    """``host_lead``: the share of the per-offload calls of all offloads the host's lead at the step's end covers
-    (None: not measured, as if the host limited the step)."""
+def test_host_calls_delay_the_device_only_where_the_host_limits_the_step():
+    device = np.full(10, 1.0)
+    calls_at = np.array([2, 5])
+    host_bound = host_delay(device, np.full(10, 1.0), calls_at, 0.5)
+    assert host_bound.tolist() == [0, 0, 0.5, 0.5, 0.5, 1, 1, 1, 1, 1, 1]  # every node after a call starts later
+    assert not host_delay(device, np.full(10, 0.1), calls_at, 0.5).any()  # the host's lead absorbs them
+    # Node 1 could start at 4 (node 0, issued at 1, runs 3 on the device) and was issued at 2: of a call of 5
+    # before it, the host's lead of 2 absorbs 2, and it and every node after it start 3 later.
+    mixed = host_delay(np.array([3.0, 3.0, 0.1, 0.1]), np.full(4, 1.0), np.array([1]), 5.0)
+    assert mixed.tolist() == [0, 3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("host_bound", [True, False])
+def test_each_offload_adds_its_calls_host_time_where_the_host_limits_the_step(host_bound):
     *_, profile = captured("gpt2")
-    acts = offloadable(Simulator(profile))
-    per_offload_ms = profile.iteration_ms / (2 * len(acts))  # all calls take half the step's time
-    lead_ms = None if host_lead is None else host_lead * per_offload_ms * len(acts)
-    issue_ms = None if lead_ms is None else profile.iteration_ms - lead_ms
-    link = HostLink(copy_latency_us=0.0, offload_issue_us=1e3 * per_offload_ms)
+    sim = Simulator(profile)
+    acts = offloadable(sim)
+    device_ms = float(sim.replay.run_ms.sum())
+    # The host issues the step in ten times its device time, or a millionth of it; an offload's calls cost as much
+    # as issuing 4 nodes.
+    issue_ms = device_ms * (10 if host_bound else 1e-6)
+    link = HostLink(copy_latency_us=0.0, offload_issue_us=20.0, op_issue_us=5.0)
     sim = Simulator(dataclasses.replace(profile, host_link=link, host_issue_ms=issue_ms))
-    assert sim.profile.host_lead_ms == pytest.approx(lead_ms or 0.0)
-    for n in (1, len(acts) // 2, len(acts)):
+    per_offload_ms = 4 * sim.profile.node_issue_ms
+    for n in (1, len(acts)):
         result = simulate_plan(sim, [], "again", acts[:n])
-        assert result.offload.issue_ms == pytest.approx(max(0.0, per_offload_ms * n - (lead_ms or 0.0)))
+        assert result.offload.issue_ms == pytest.approx(per_offload_ms * n if host_bound else 0.0)
         assert result.extra_ms == pytest.approx(result.offload.stall_ms + result.offload.issue_ms)
-        assert result.offload.hidden  # the calls take host time: the copies still hide
+    assert result.offload.hidden  # the calls take host time: the copies still hide
 
 
-def test_the_host_issue_time_round_trips_and_older_files_have_no_lead(tmp_path):
+def test_the_host_issue_time_round_trips_and_older_files_get_the_stated_default(tmp_path):
     *_, profile = captured("gpt2")
-    measured = dataclasses.replace(profile, host_issue_ms=0.25 * profile.iteration_ms)
+    measured = dataclasses.replace(profile, host_issue_ms=0.25 * profile.iteration_ms,
+                                   host_link=HostLink(op_issue_us=4.0, offload_issue_us=60.0))
     measured.save(tmp_path / "p.json")
     back = Profile.load(tmp_path / "p.json")
-    assert back.host_issue_ms == measured.host_issue_ms
-    assert back.host_lead_ms == pytest.approx(0.75 * profile.iteration_ms)
-    assert profile.host_issue_ms is None and profile.host_lead_ms == 0.0
+    assert back.host_issue_ms == measured.host_issue_ms and back.link.offload_issue_nodes == 15.0
+    executed = sum(n.op not in UNISSUED_OPS for n in profile.nodes)
+    assert 0 < executed < len(profile.nodes) and back.node_issue_ms == pytest.approx(back.host_issue_ms / executed)
+    assert profile.host_issue_ms is None and profile.node_issue_ms == DEFAULT_NODE_ISSUE_US / 1e3
+    assert profile.link.offload_issue_nodes == DEFAULT_OFFLOAD_ISSUE_US / DEFAULT_OP_ISSUE_US
     assert "host_issue_ms" not in profile.to_dict()  # a profile without it writes what older files hold
 
 
@@ -109,6 +133,6 @@ def test_the_planner_recomputes_where_an_offload_costs_more_than_the_replay(fixe
     # The same link, but each copy, or each offload's calls, take longer than the whole step: no offload is cheaper
     # than a replay.
     step_ms = float(Simulator(fast).replay.run_ms.sum())
-    costly = make_plan(on_gpu(profile, **{**BYTES_ONLY, fixed_cost: 1e3 * step_ms}), budget)
+    costly = make_plan(on_gpu(profile, **{**BYTES_ONLY, fixed_cost: 1e3 * step_ms, "op_issue_us": 1e-3}), budget)
     assert not costly.offloaded and costly.feasible
     assert costly.predicted_extra_ms == pytest.approx(recompute_only.predicted_extra_ms)

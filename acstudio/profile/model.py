@@ -108,9 +108,16 @@ DEFAULT_HOST_FREE_BYTES = 8 * 2**30
 # being free.
 DEFAULT_COPY_LATENCY_US = 10.0
 # The host's side of one offloaded activation: the rewritten step's four Python calls that issue its two copies and
-# the compute stream's two waits, some twenty torch calls, about as long as issuing ten nodes of the graph. Where the
-# device has work queued they overlap with it; where the host is what limits the step they add to it.
-DEFAULT_OFFLOAD_ISSUE_US = 100.0
+# the compute stream's two waits, some twenty torch calls; and, for scale, one small op's. Measured alone, both run
+# faster than inside a step, where the host is busy with the whole graph; their ratio carries over (an offload's
+# calls cost as much host time as that many of the step's nodes).
+DEFAULT_OFFLOAD_ISSUE_US = 80.0
+DEFAULT_OP_ISSUE_US = 5.0
+# Host time to issue one executed node of the captured step, for a profile that did not measure its step's (a CPU
+# run, or a file from before it was measured): a Python call of one aten op from the graph on a training server.
+DEFAULT_NODE_ISSUE_US = 20.0
+# Nodes the step's generated code does not execute as calls: its arguments, attribute reads and return.
+UNISSUED_OPS = ("placeholder", "get_attr", "output")
 
 
 @dataclass
@@ -126,7 +133,8 @@ class HostLink:
     duplex_gb_s: float | None = None  # each way, both directions copying at once
     host_free_bytes: int | None = None
     copy_latency_us: float | None = None  # fixed time of one copy on its stream, besides its bytes at the rate
-    offload_issue_us: float | None = None  # host time to issue one offloaded activation's copies and waits
+    offload_issue_us: float | None = None  # host time to issue one offloaded activation's copies and waits, alone
+    op_issue_us: float | None = None  # host time to issue one small op, alone (the scale for the above)
 
     @property
     def measured(self) -> bool:
@@ -154,8 +162,11 @@ class HostLink:
         return (DEFAULT_COPY_LATENCY_US if self.copy_latency_us is None else self.copy_latency_us) / 1e3
 
     @property
-    def offload_issue_ms(self) -> float:
-        return (DEFAULT_OFFLOAD_ISSUE_US if self.offload_issue_us is None else self.offload_issue_us) / 1e3
+    def offload_issue_nodes(self) -> float:
+        """An offloaded activation's calls in host time, as a number of ops issued, both measured alone (a stated
+        default for what was not measured)."""
+        offload = DEFAULT_OFFLOAD_ISSUE_US if self.offload_issue_us is None else self.offload_issue_us
+        return offload / (self.op_issue_us or DEFAULT_OP_ISSUE_US)
 
     def copy_ms(self, nbytes):
         """Time one copy of ``nbytes`` (a number or an array) takes on its stream with both directions copying:
@@ -190,14 +201,14 @@ class Profile:
         """Hash of the captured graph (ops, wiring, shapes): plans and exports are refused on any other."""
         return graph_fingerprint(self.graph)
 
-    @property
-    def host_lead_ms(self) -> float:
-        """How long before the device finishes the step the host has issued all of it: the time host-side work
-        added to the step (offload's calls) can take without lengthening it. 0 where it was not measured, as if
-        the host limited the step."""
-        if self.host_issue_ms is None:
-            return 0.0
-        return max(0.0, self.iteration_ms - self.host_issue_ms)
+    @cached_property
+    def node_issue_ms(self) -> float:
+        """Host time to issue one executed node of the step, on average: the measured step's over its executed
+        nodes, else the stated default. Against the nodes' run times it says where the host limits the step."""
+        executed = sum(n.op not in UNISSUED_OPS for n in self.nodes)
+        if self.host_issue_ms is None or not executed:
+            return DEFAULT_NODE_ISSUE_US / 1e3
+        return self.host_issue_ms / executed
 
     @cached_property
     def time_scale(self) -> float:

@@ -146,6 +146,7 @@ class HostLinkDoc(_Doc):
     host_free_bytes: Bytes | None = None
     copy_latency_us: Us | None = None
     offload_issue_us: Us | None = None
+    op_issue_us: Us | None = None
 
 
 class ProfileDoc(_Doc):

@@ -15,10 +15,11 @@
   each ending when it is needed or by the start of the copy after it (the lane is serial);
 * where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time;
 * the four calls that issue an activation's copies and waits (after ``ready[k]``, before ``release[k]``,
-  ``prefetch[k]`` and ``needed[k]``) take the link's host time per offload on the host, which issues the step
-  while the device runs it and never waits for it. Where the host finishes issuing the step before the device
-  finishes running it (the profile's ``host_lead_ms``), the calls first use up that lead; the rest lengthens the
-  step (``issue_ms``). A step of many small kernels, whose host is what limits it, pays for every call.
+  ``prefetch[k]`` and ``needed[k]``) take host time: together as much as issuing the link's
+  ``offload_issue_nodes`` nodes of the step (the profile's host time per node). The host issues the step's nodes
+  one after another while the device runs them and never waits for it: where it is ahead, the calls use up its
+  lead; where it is what limits the step (many small kernels), they delay every node after them
+  (:func:`host_delay`), and lengthen the step (``issue_ms``).
 
 Times come from the nodes' run times (scaled as for recomputation) plus the replays a plan inserts; both lanes
 run at the rate the link reaches with both directions copying (they overlap around the loss; elsewhere that rate
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from acstudio.profile.model import UNISSUED_OPS
 from acstudio.simulate.replay import FORWARD_REGIONS, is_inplace
 
 # Smaller activations are not offloaded: a copy's launch costs more than the bytes it frees (torchtune's
@@ -81,6 +83,7 @@ class OffloadFacts:
                 why = ""
             self.reason.append(why)
         self.offloadable = np.array([not r for r in self.reason], dtype=bool)
+        self.issued = np.array([nd.op not in UNISSUED_OPS for nd in nodes], dtype=np.float64)  # 1: a call to issue
 
 
 @dataclass
@@ -209,7 +212,29 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
         else:  # the first use waits for it: a replay reading it (phase 2), else its first backward use (3)
             delay += max(0.0, h2d[j][1] - (t + delay))
     d2h, h2d = np.array(d2h).reshape(m, 2), np.array(h2d).reshape(m, 2)
-    # The host's calls: the host's lead over the device at the step's end absorbs them, the rest lengthens it.
-    calls_ms = max(0.0, m * link.offload_issue_ms - sim.profile.host_lead_ms)
+    # The host's calls, by the node they are issued before (the copy out's: the node after its ready node).
+    node_ms = sim.profile.node_issue_ms
+    replayed = (np.bincount(at, weights=[len(r.nodes) for r in replays], minlength=sim.n) if len(at)
+                else np.zeros(sim.n))
+    host = (sim.offload_facts.issued + replayed) * node_ms
+    later = host_delay(run + replay_ms, host, np.concatenate([ready + 1, release, prefetch, needed]),
+                       link.offload_issue_nodes * node_ms / 4)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
-                           float(delay), calls_ms)
+                           float(delay), float(later[-1]))
+
+
+def host_delay(device_ms: np.ndarray, host_ms: np.ndarray, calls_at: np.ndarray, call_ms: float) -> np.ndarray:
+    """How much later each node starts on the device (and, last, the step ends) when the host also makes calls
+    of ``call_ms`` each before the nodes ``calls_at``; ``device_ms`` and ``host_ms``: per node, its time on the
+    device and the host's time to issue it.
+
+    The host issues the nodes one after another and the device runs each once it is issued and the node before it
+    is done: node i starts at ``max(start[i-1] + device_ms[i-1], issued[i])``, which unrolls to
+    ``device[i] + max over k <= i of (issued[k] - device[k])``, ``device`` being the device's own prefix times. The
+    calls only move ``issued``: a lead the host has over the device absorbs them, and where it has none they delay
+    everything after them."""
+    n = len(device_ms)
+    device = np.concatenate([[0.0], np.cumsum(device_ms)])
+    issued = np.cumsum(np.append(host_ms, 0.0))  # node i can start once the host has issued it (the end: all)
+    calls = np.cumsum(np.bincount(np.minimum(calls_at, n), minlength=n + 1)) * call_ms
+    return np.maximum.accumulate(issued + calls - device) - np.maximum.accumulate(issued - device)
