@@ -94,7 +94,7 @@ class OffloadSchedule:
     ``prefetch`` (the copy back is issued, and the memory allocated, before it), ``first_bw``, ``needed`` (it must
     be back before this node, or before the replays inserted there where ``by_replay``); times in ms from the
     step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies;
-    ``issue_ms``: the host time of the calls that issue them.
+    ``issue_ms``: the time the host's calls issuing them add to the step (0 where the host is ahead).
     """
 
     offloaded: np.ndarray
@@ -126,7 +126,7 @@ class OffloadSchedule:
 
     @property
     def extra_ms(self) -> float:
-        """Time offload adds to the step: its stalls and the host time issuing its copies and waits."""
+        """Time offload adds to the step: its stalls and what the host's calls issuing its copies and waits add."""
         return self.stall_ms + self.issue_ms
 
     def host_memory(self, sim) -> np.ndarray:
