@@ -232,9 +232,12 @@ def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: i
     return analysis, {"warmup": warmup, "iterations": iterations}
 
 
-def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: int = 3) -> tuple[float, int]:
-    """Median wall time of the compiled-to-Python graph (no per-node hooks) and its peak allocation."""
-    times = []
+def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: int = 3
+                    ) -> tuple[float, int, float]:
+    """Median wall time of the compiled-to-Python graph (no per-node hooks), its peak allocation, and the median
+    time the host takes to issue it (until the graph returns, before the device is done): close to the wall time
+    where the host is what limits the step, well below it where the device is."""
+    times, issued = [], []
     peak = 0
     for _ in range(repeats):
         if dev.type == "cuda":
@@ -243,12 +246,13 @@ def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: 
         t0 = time.perf_counter()
         with torch.no_grad():
             out = step.gm(*flat)
+        issued.append((time.perf_counter() - t0) * 1e3)
         if dev.type == "cuda":
             torch.cuda.synchronize()
             peak = max(peak, torch.cuda.max_memory_allocated())
         times.append((time.perf_counter() - t0) * 1e3)
         del out
-    return statistics.median(times), peak
+    return statistics.median(times), peak, statistics.median(issued)
 
 
 def peak_breakdown(analysis: GraphAnalysis, peak_index: int, peak_bytes: int) -> dict[str, int]:
@@ -267,6 +271,11 @@ def peak_breakdown(analysis: GraphAnalysis, peak_index: int, peak_bytes: int) ->
 # milliseconds on PCIe), small enough to fit beside any profiled step.
 LINK_PROBE_BYTES = 256 * 2**20
 LINK_PROBE_REPEATS = 3
+# The fixed costs of one copy are timed on this many copies of LATENCY_PROBE_BYTES each, issued as the rewritten
+# step issues its copies: small enough that their bytes take a negligible share of the time, many enough to average.
+LATENCY_PROBE_COPIES = 64
+LATENCY_PROBE_BYTES = 4096
+LATENCY_PROBE_HOLD_CYCLES = 20_000_000  # GPU clock cycles the compute stream spins while the copies are issued
 
 
 def host_available_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
@@ -310,18 +319,75 @@ def cgroup_room_bytes(root: Path) -> int | None:
 
 def measure_host_link(dev: torch.device) -> HostLink:
     """Bandwidth of pinned copies between ``dev`` and the host, each direction alone and both at once on two
-    streams (the best of a few repeats, timed with CUDA events), and the host memory available.
+    streams (the best of a few repeats, timed with CUDA events), the fixed costs of one copy on the device and on
+    the host, and the host memory available.
 
-    On a CPU device there is no link: the bandwidths stay None and a plan is priced with the defaults."""
+    On a CPU device there is no link: the link's numbers stay None and a plan is priced with the defaults."""
     host_free = host_available_bytes()
     if dev.type != "cuda":
         return HostLink(host_free_bytes=host_free)
     try:
         d2h, h2d, duplex = _link_rates(dev, LINK_PROBE_BYTES)
+        latency_us, issue_us, op_us = _copy_costs_us(dev, LATENCY_PROBE_BYTES, LATENCY_PROBE_COPIES)
     finally:
         free_device_memory()
     return HostLink(d2h_gb_s=round(d2h, 3), h2d_gb_s=round(h2d, 3), duplex_gb_s=round(duplex, 3),
-                    host_free_bytes=host_free)
+                    host_free_bytes=host_free, copy_latency_us=round(latency_us, 3),
+                    offload_issue_us=round(issue_us, 3), op_issue_us=round(op_us, 3))
+
+
+def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float, float]:
+    """Microseconds of one small pinned copy's fixed costs: (the time it holds its stream, the slower direction;
+    the host time to issue one offloaded activation's calls, both directions; for scale, the host time to issue
+    one small op). Issued with the torch calls the rewritten step makes (:mod:`acstudio.rewrite.offload`): the copy
+    out reads the tensor's storage as bytes on a side stream that waits for the compute stream, and the compute
+    stream waits for it before freeing the tensor; the copy back allocates its buffer, waits for both streams, and
+    the compute stream waits for it before rebuilding the tensor over the buffer. The copies queue behind the
+    compute stream spinning, so that neither measurement waits for the other; the best of a few repeats."""
+    side = torch.cuda.Stream(dev)
+    device = [torch.empty(nbytes // 4, dtype=torch.float32, device=dev) for _ in range(copies)]
+    pool = torch.empty(nbytes * copies, dtype=torch.uint8, pin_memory=True)
+    host = [pool[j * nbytes:(j + 1) * nbytes] for j in range(copies)]
+    done = [torch.cuda.Event() for _ in range(copies)]
+
+    def copy_out(j: int) -> None:
+        data = torch.empty(0, dtype=torch.uint8, device=dev).set_(device[j].untyped_storage())
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            host[j][:nbytes].copy_(data, non_blocking=True)
+        done[j].record(side)
+        torch.cuda.current_stream(dev).wait_event(done[j])
+
+    def copy_back(j: int) -> None:
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        side.wait_event(done[j])
+        with torch.cuda.stream(side):
+            buffer.copy_(host[j][:nbytes], non_blocking=True)
+        done[j].record(side)
+        torch.cuda.current_stream(dev).wait_event(done[j])
+        torch.empty(0, dtype=torch.float32, device=dev).set_(buffer.untyped_storage(), 0, (nbytes // 4,), (1,))
+
+    def timed(issue) -> tuple[float, float]:
+        on_device = on_host = float("inf")
+        for _ in range(LINK_PROBE_REPEATS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(dev)
+            torch.cuda._sleep(LATENCY_PROBE_HOLD_CYCLES)
+            start.record()
+            t0 = time.perf_counter()
+            for j in range(copies):
+                issue(j)
+            on_host = min(on_host, (time.perf_counter() - t0) * 1e6 / copies)
+            end.record(side)
+            end.synchronize()
+            on_device = min(on_device, start.elapsed_time(end) * 1e3 / copies)
+        return on_device, on_host
+
+    (out_device, out_host), (in_device, in_host) = timed(copy_out), timed(copy_back)
+    small = device[0][:1]
+    _, op_host = timed(lambda j: torch.ops.aten.add.Tensor(small, small))  # one small op as the step's code calls it
+    return max(out_device, in_device), out_host + in_host, op_host
 
 
 def _link_rates(dev: torch.device, nbytes: int) -> tuple[float, float, float]:
@@ -379,7 +445,7 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         analysis, iters = profile_step(step, flat, dev, warmup=warmup, iterations=iterations,
                                        progress=progress, cancel=cancel, on_memory=on_memory)
         stage = "timing the whole step"
-        iteration_ms, step_peak = time_whole_step(step, flat, dev)
+        iteration_ms, step_peak, issue_ms = time_whole_step(step, flat, dev)
         graph = serialize_step(step)
         stage = "measuring the host link"
         link = measure_host_link(dev)
@@ -410,4 +476,5 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         activations=analysis.activations, peak_bytes=int(peaks[peak_index]),
         peak_node=analysis.nodes[peak_index].id,
         peak_breakdown=peak_breakdown(analysis, peak_index, int(peaks[peak_index])),
-        iteration_ms=float(iteration_ms), iterations=iters, host_link=link)
+        iteration_ms=float(iteration_ms), iterations=iters, host_link=link,
+        host_issue_ms=float(issue_ms) if dev.type == "cuda" else None)

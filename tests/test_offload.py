@@ -36,6 +36,11 @@ from acstudio.units import format_bytes
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
 
+# No fixed cost per copy or per offload: the tiny profiles' nodes run in unit times far below a real copy's launch, so
+# tests of where copies go and whether they hide price copies by their bytes alone (tests/test_offload_cost.py prices
+# the fixed costs).
+BYTES_ONLY = {"copy_latency_us": 0.0, "offload_issue_us": 0.0}
+
 
 def offloadable(sim: Simulator) -> list[str]:
     return [sim.replay.act_ids[k] for k in np.flatnonzero(sim.offload_facts.offloadable)]
@@ -133,6 +138,7 @@ def test_replays_read_offloaded_sources_brought_back_before_them(model, mode):
 
 def test_copies_free_memory_only_once_done_and_stall_when_the_link_is_slow():
     *_, profile = captured("gpt2")
+    profile = dataclasses.replace(profile, host_link=HostLink(**BYTES_ONLY))
     sim = Simulator(profile)
     acts = offloadable(sim)
     fast = simulate_plan(sim, [], "again", acts)
@@ -142,7 +148,7 @@ def test_copies_free_memory_only_once_done_and_stall_when_the_link_is_slow():
     assert np.all(start[schedule.release] >= schedule.d2h[:, 1] - 1e-9), "released before its copy ended"
     assert np.all(start[schedule.first_bw] >= schedule.h2d[:, 1] - 1e-9), "read before its copy landed"
     assert np.all(np.diff(schedule.d2h[:, 0]) >= 0) and np.all(schedule.d2h[1:, 0] >= schedule.d2h[:-1, 1] - 1e-9)
-    slow_profile = dataclasses.replace(profile, host_link=HostLink(1e-4, 1e-4, 1e-4, 2**30))
+    slow_profile = dataclasses.replace(profile, host_link=HostLink(1e-4, 1e-4, 1e-4, 2**30, **BYTES_ONLY))
     slow = simulate_plan(Simulator(slow_profile), [], "again", acts)
     assert slow.offload.stall_ms > 0 and slow.extra_ms == pytest.approx(slow.offload.stall_ms)
     assert slow.peak_bytes >= fast.peak_bytes  # a slow copy frees later and allocates earlier
@@ -220,7 +226,7 @@ def test_planner_offloads_where_copies_hide_and_recomputes_where_they_would_stal
     *_, step, profile = captured("gpt2")
     budget = int(profile.peak_bytes * 0.9)
     assert not make_plan(profile, budget).offloaded, "a CPU profile has no link to offload over"
-    gpu = on_gpu(profile)
+    gpu = on_gpu(profile, **BYTES_ONLY)
     plan = make_plan(gpu, budget)
     recompute_only = make_plan(gpu, budget, offload=False)
     assert plan.feasible and plan.offloaded and plan.copies_hidden and "offloaded" in plan.stop_reason
@@ -239,7 +245,7 @@ def test_planner_offloads_where_copies_hide_and_recomputes_where_they_would_stal
 def test_cli_plans_offload_by_default_and_not_with_no_offload(tmp_path, capsys):
     *_, profile = captured("gpt2")
     path = tmp_path / "gpu.json"
-    on_gpu(profile).save(path)
+    on_gpu(profile, **BYTES_ONLY).save(path)
     assert main(["plan", str(path), "--budget", "90%", "--out", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
     assert "offload: " in out and "not measured: priced at the default link" in out and "copies hidden" in out
@@ -294,6 +300,7 @@ def test_cuda_link_is_measured_with_pinned_copies():
     link = measure_host_link(torch.device("cuda"))
     assert link.measured and min(link.d2h_gb_s, link.h2d_gb_s, link.duplex_gb_s) > 0
     assert link.duplex_rate <= min(link.d2h_rate, link.h2d_rate)
+    assert 0 < link.copy_latency_us < 1e3 and 0 < link.offload_issue_us < 1e3  # microseconds, far below a ms
 
 
 def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_offload(tmp_path, monkeypatch):

@@ -120,7 +120,7 @@ class PlanContext:
             else:  # produced by an earlier replay on its way
                 entries.append(dataclasses.replace(self.entry(k, (), (), r.nodes[:0], 0.0, 0.0),
                                                    recompute_before=self.sim.node_ids[r.at]))
-        stall = offload.stall_ms if offload is not None else 0.0
+        stall = offload.extra_ms if offload is not None else 0.0
         return self.make_plan(solver, budget, recomputed, entries, peak, self.sim.node_ids[pos], sched.extra_ms + stall,
                               stop_reason, replay_mode=mode, offload=offload)
 

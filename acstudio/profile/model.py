@@ -102,6 +102,22 @@ class ActivationRecord:
 # than nearly any training host has free, so such a plan cannot ask a host for memory it does not have.
 DEFAULT_LINK_GB_S = 12.0
 DEFAULT_HOST_FREE_BYTES = 8 * 2**30
+# Each copy also costs a fixed time on its copy stream beside its bytes: the copy engine's start and the events that
+# order it against the compute stream. A few microseconds on a bare copy; the default allows for the waits between
+# streams the rewritten step adds to each one, so that a plan priced with it does not count on many small copies
+# being free.
+DEFAULT_COPY_LATENCY_US = 10.0
+# The host's side of one offloaded activation: the rewritten step's four Python calls that issue its two copies and
+# the compute stream's two waits, some twenty torch calls; and, for scale, one small op's. Measured alone, both run
+# faster than inside a step, where the host is busy with the whole graph; their ratio carries over (an offload's
+# calls cost as much host time as that many of the step's nodes).
+DEFAULT_OFFLOAD_ISSUE_US = 80.0
+DEFAULT_OP_ISSUE_US = 5.0
+# Host time to issue one executed node of the captured step, for a profile that did not measure its step's (a CPU
+# run, or a file from before it was measured): a Python call of one aten op from the graph on a training server.
+DEFAULT_NODE_ISSUE_US = 20.0
+# Nodes the step's generated code does not execute as calls: its arguments, attribute reads and return.
+UNISSUED_OPS = ("placeholder", "get_attr", "output")
 
 
 @dataclass
@@ -116,6 +132,9 @@ class HostLink:
     h2d_gb_s: float | None = None
     duplex_gb_s: float | None = None  # each way, both directions copying at once
     host_free_bytes: int | None = None
+    copy_latency_us: float | None = None  # fixed time of one copy on its stream, besides its bytes at the rate
+    offload_issue_us: float | None = None  # host time to issue one offloaded activation's copies and waits, alone
+    op_issue_us: float | None = None  # host time to issue one small op, alone (the scale for the above)
 
     @property
     def measured(self) -> bool:
@@ -138,6 +157,22 @@ class HostLink:
     def host_bytes(self) -> int:
         return DEFAULT_HOST_FREE_BYTES if self.host_free_bytes is None else self.host_free_bytes
 
+    @property
+    def copy_latency_ms(self) -> float:
+        return (DEFAULT_COPY_LATENCY_US if self.copy_latency_us is None else self.copy_latency_us) / 1e3
+
+    @property
+    def offload_issue_nodes(self) -> float:
+        """An offloaded activation's calls in host time, as a number of ops issued, both measured alone (a stated
+        default for what was not measured)."""
+        offload = DEFAULT_OFFLOAD_ISSUE_US if self.offload_issue_us is None else self.offload_issue_us
+        return offload / (self.op_issue_us or DEFAULT_OP_ISSUE_US)
+
+    def copy_ms(self, nbytes):
+        """Time one copy of ``nbytes`` (a number or an array) takes on its stream with both directions copying:
+        the fixed cost of a copy plus its bytes at the duplex rate."""
+        return self.copy_latency_ms + nbytes / (self.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
+
 
 @dataclass
 class Profile:
@@ -153,6 +188,7 @@ class Profile:
     iteration_ms: float
     iterations: dict[str, int] = field(default_factory=dict)
     host_link: HostLink | None = None  # absent in files from before the link was measured
+    host_issue_ms: float | None = None  # host time to issue the whole step (GPU only; absent in older files)
 
     @property
     def link(self) -> HostLink:
@@ -164,6 +200,15 @@ class Profile:
     def fingerprint(self) -> str:
         """Hash of the captured graph (ops, wiring, shapes): plans and exports are refused on any other."""
         return graph_fingerprint(self.graph)
+
+    @cached_property
+    def node_issue_ms(self) -> float:
+        """Host time to issue one executed node of the step, on average: the measured step's over its executed
+        nodes, else the stated default. Against the nodes' run times it says where the host limits the step."""
+        executed = sum(n.op not in UNISSUED_OPS for n in self.nodes)
+        if self.host_issue_ms is None or not executed:
+            return DEFAULT_NODE_ISSUE_US / 1e3
+        return self.host_issue_ms / executed
 
     @cached_property
     def time_scale(self) -> float:
@@ -217,6 +262,7 @@ class Profile:
             "iteration_ms": self.iteration_ms,
             "iterations": self.iterations,
             **({"host_link": dataclasses.asdict(self.host_link)} if self.host_link is not None else {}),
+            **({"host_issue_ms": self.host_issue_ms} if self.host_issue_ms is not None else {}),
             "fingerprint": self.fingerprint,  # lets loading prove the graph was not changed since
         }
 
@@ -252,6 +298,7 @@ class Profile:
             iteration_ms=doc.iteration_ms,
             iterations=doc.iterations,
             host_link=HostLink(**doc.host_link.model_dump()) if doc.host_link is not None else None,
+            host_issue_ms=doc.host_issue_ms,
         )
         if hashed:
             profile.__dict__["fingerprint"] = hashed[0]  # already computed to check it: keep it (cached_property)

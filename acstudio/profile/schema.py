@@ -136,6 +136,7 @@ class EnvironmentDoc(_Doc):
 
 
 GbPerS = Annotated[float, Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)]
+Us = Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)]
 
 
 class HostLinkDoc(_Doc):
@@ -143,6 +144,9 @@ class HostLinkDoc(_Doc):
     h2d_gb_s: GbPerS | None = None
     duplex_gb_s: GbPerS | None = None
     host_free_bytes: Bytes | None = None
+    copy_latency_us: Us | None = None
+    offload_issue_us: Us | None = None
+    op_issue_us: Us | None = None
 
 
 class ProfileDoc(_Doc):
@@ -159,6 +163,7 @@ class ProfileDoc(_Doc):
     iterations: dict[str, Annotated[int, Field(strict=True, ge=0)]] = {}
     fingerprint: Id = ""  # absent in files written before it was stored (then not checked)
     host_link: HostLinkDoc | None = None  # absent in files written before the link was measured
+    host_issue_ms: Ms | None = None  # absent in files written before it was measured, and for a CPU device
 
 
 class PlanDoc(_Doc):

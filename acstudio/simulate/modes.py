@@ -65,11 +65,11 @@ class ReplayMode:
     def peak(self, sim: Simulator, recomputed: Sequence[int], offloaded: Collection[int] = ()
              ) -> tuple[int, int, float]:
         """(peak bytes, peak node position, extra ms) of activation indices ``recomputed`` (and ``offloaded``:
-        their stalls count in the extra time)."""
+        their stalls and issue time count in the extra time)."""
         schedule = self.schedule(sim, recomputed)
         offload = self.offload(sim, schedule, offloaded)
         peak, pos, _ = self.evaluate_with(sim, schedule, offload)
-        return peak, pos, schedule.extra_ms + (offload.stall_ms if offload else 0.0)
+        return peak, pos, schedule.extra_ms + (offload.extra_ms if offload else 0.0)
 
     def simulate(self, sim: Simulator, recomputed: Collection[str], offloaded: Collection[str] = ()) -> SimResult:
         """Peak, extra time, per-node timeline and per-activation replay time of activation ids ``recomputed``
@@ -80,7 +80,7 @@ class ReplayMode:
         peak, pos, _, table = self.evaluate_with(sim, schedule, offload, timeline=True)
         ids = sim.replay.act_ids
         per = {ids[k]: (r.time_ms if k == r.outputs[0] else 0.0) for r in schedule.replays for k in r.outputs}
-        stall = offload.stall_ms if offload else 0.0
+        stall = offload.extra_ms if offload else 0.0
         clock = sim.clock([r.at for r in schedule.replays], [r.time_ms for r in schedule.replays],
                           offload.waits if offload else None)
         return SimResult(peak_bytes=peak, peak_node=sim.node_ids[pos], extra_ms=schedule.extra_ms + stall,

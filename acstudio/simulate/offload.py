@@ -13,11 +13,19 @@
 * the host-to-device copy is issued on a second copy stream before node ``prefetch[k]``, which allocates ``k``
   again, as late as lets it land by the time it is needed: the copies are laid back to back, latest first,
   each ending when it is needed or by the start of the copy after it (the lane is serial);
-* where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time.
+* where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time;
+* the four calls that issue an activation's copies and waits (after ``ready[k]``, before ``release[k]``,
+  ``prefetch[k]`` and ``needed[k]``) take host time: together as much as issuing the link's
+  ``offload_issue_nodes`` nodes of the step (the profile's host time per node). The host issues the step's nodes
+  one after another while the device runs them and never waits for it: where it is ahead, the calls use up its
+  lead; where it is what limits the step (many small kernels), they delay every node after them
+  (:func:`host_delay`), and lengthen the step (``issue_ms``).
 
 Times come from the nodes' run times (scaled as for recomputation) plus the replays a plan inserts; both lanes
 run at the rate the link reaches with both directions copying (they overlap around the loss; elsewhere that rate
-is conservative). Memory is the replay mode's with ``k`` kept, minus ``k``'s bytes from ``release[k]`` up to
+is conservative), and every copy also takes the link's fixed per-copy time, so many small copies cost more lane
+time than one copy of the same bytes.
+Memory is the replay mode's with ``k`` kept, minus ``k``'s bytes from ``release[k]`` up to
 the node before ``prefetch[k]``. Host memory is one pinned buffer per offloaded activation, held all step (the
 rewritten step allocates the pool once and reuses it). An activation the plan recomputes is not offloaded (it is
 freed after forward anyway); one a replay reads comes back before that replay and stays as long as it would
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from acstudio.profile.model import UNISSUED_OPS
 from acstudio.simulate.replay import FORWARD_REGIONS, is_inplace
 
 # Smaller activations are not offloaded: a copy's launch costs more than the bytes it frees (torchtune's
@@ -74,6 +83,7 @@ class OffloadFacts:
                 why = ""
             self.reason.append(why)
         self.offloadable = np.array([not r for r in self.reason], dtype=bool)
+        self.issued = np.array([nd.op not in UNISSUED_OPS for nd in nodes], dtype=np.float64)  # 1: a call to issue
 
 
 @dataclass
@@ -85,7 +95,8 @@ class OffloadSchedule:
     be back before this node, or before the replays inserted there where ``by_replay``); times in ms from the
     step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies;
     ``waits``: per node, how much of it is spent right before that node (around its replays), which the step's
-    clock adds (:meth:`Simulator.clock <acstudio.simulate.simulator.Simulator.clock>`).
+    clock adds, the host's delays included (:meth:`Simulator.clock <acstudio.simulate.simulator.Simulator.clock>`).
+    ``issue_ms``: the time the host's calls issuing them add to the step (0 where the host is ahead).
     """
 
     offloaded: np.ndarray
@@ -100,6 +111,7 @@ class OffloadSchedule:
     h2d: np.ndarray
     stall_ms: float
     waits: np.ndarray
+    issue_ms: float = 0.0
 
     @property
     def moved_bytes(self) -> int:
@@ -114,6 +126,11 @@ class OffloadSchedule:
     @property
     def hidden(self) -> bool:
         return self.stall_ms <= 0.0
+
+    @property
+    def extra_ms(self) -> float:
+        """Time offload adds to the step: its stalls and what the host's calls issuing its copies and waits add."""
+        return self.stall_ms + self.issue_ms
 
     def host_memory(self, sim) -> np.ndarray:
         """Bytes of offloaded activations held on the host at each node: from the node after which the copy out
@@ -141,7 +158,10 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     ks_arr = ks_arr[np.lexsort((ks_arr, rg.created[ks_arr], facts.ready[ks_arr]))]
     ks = ks_arr.tolist()
     nbytes = rg.bytes[ks_arr]
-    duration = nbytes / (link.duplex_rate * 1e6)  # GB/s is 1e6 bytes per ms
+    duration = link.copy_ms(nbytes)
+    at = np.array([r.at for r in replays], dtype=np.int64)
+    replay_ms = np.bincount(at, weights=[r.time_ms for r in replays], minlength=sim.n) if len(at) else np.zeros(sim.n)
+    run = rg.run_ms
     clock = sim.clock([r.at for r in replays], [r.time_ms for r in replays])  # the step as planned, no waits yet
     # issue[i]: the point before node i where copies are issued and memory released; start[i]: its replays have run
     issue, start, end = clock.issue, clock.start, clock.end
@@ -200,5 +220,37 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
             waits[i] += wait
             delay += wait
     d2h, h2d = np.array(d2h).reshape(m, 2), np.array(h2d).reshape(m, 2)
+    # The host's calls, by the node they are issued before (the copy out's: the node after its ready node).
+    node_ms = sim.profile.node_issue_ms
+    replayed = (np.bincount(at, weights=[len(r.nodes) for r in replays], minlength=sim.n) if len(at)
+                else np.zeros(sim.n))
+    host = (sim.offload_facts.issued + replayed) * node_ms
+    later = host_delay(run + replay_ms, host, np.concatenate([ready + 1, release, prefetch, needed]),
+                       link.offload_issue_nodes * node_ms / 4)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
-                           float(delay), waits)
+                           float(delay), waits + _per_node(later, sim.n), float(later[-1]))
+
+
+def _per_node(later: np.ndarray, n: int) -> np.ndarray:
+    """The delays ``later`` (cumulative, per node start and, last, the step's end) as the time each node waits
+    right before it; a delay after the last node starts is counted before it, so the clock still ends with the step."""
+    each = np.diff(later, prepend=0.0)
+    each[n - 1] += each[n]
+    return each[:n]
+
+
+def host_delay(device_ms: np.ndarray, host_ms: np.ndarray, calls_at: np.ndarray, call_ms: float) -> np.ndarray:
+    """How much later each node starts on the device (and, last, the step ends) when the host also makes calls
+    of ``call_ms`` each before the nodes ``calls_at``; ``device_ms`` and ``host_ms``: per node, its time on the
+    device and the host's time to issue it.
+
+    The host issues the nodes one after another and the device runs each once it is issued and the node before it
+    is done: node i starts at ``max(start[i-1] + device_ms[i-1], issued[i])``, which unrolls to
+    ``device[i] + max over k <= i of (issued[k] - device[k])``, ``device`` being the device's own prefix times. The
+    calls only move ``issued``: a lead the host has over the device absorbs them, and where it has none they delay
+    everything after them."""
+    n = len(device_ms)
+    device = np.concatenate([[0.0], np.cumsum(device_ms)])
+    issued = np.cumsum(np.append(host_ms, 0.0))  # node i can start once the host has issued it (the end: all)
+    calls = np.cumsum(np.bincount(np.minimum(calls_at, n), minlength=n + 1)) * call_ms
+    return np.maximum.accumulate(issued + calls - device) - np.maximum.accumulate(issued - device)

@@ -373,12 +373,12 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
     among those whose time between last forward and first backward use spans the current peak (others cannot
     lower it) and whose bytes fit the host memory left; with ``covering``, only those whose copies, as
     scheduled, take it off the device at the peak (a slow link, or a replay that reads it early, narrows that
-    window). It is priced at the stall it adds to the simulated step (:mod:`acstudio.simulate.offload`). The
-    recompute candidate is the largest recompute ratio, priced at its total recompute time (Alg D); picks keep
-    Alg E/F's bookkeeping (:class:`_Greedy`). A replay may read an offloaded activation: it is brought back
-    before that replay (how block checkpointing with offloaded inputs runs). The loop stops when the peak fits
-    or neither branch has a candidate. The plan is then priced in both replay modes that can offload, and the
-    faster that fits is kept.
+    window). It is priced at the time it adds to the simulated step, its stalls and the host's calls issuing it
+    (:mod:`acstudio.simulate.offload`). The recompute candidate is the largest recompute ratio, priced at its
+    total recompute time (Alg D); picks keep Alg E/F's bookkeeping (:class:`_Greedy`). A replay may read an
+    offloaded activation: it is brought back before that replay (how block checkpointing with offloaded inputs
+    runs). The loop stops when the peak fits or neither branch has a candidate. The plan is then priced in both
+    replay modes that can offload, and the faster that fits is kept.
     """
     sim, rg = ctx.sim, ctx.rg
     g = _Greedy(ctx)
@@ -402,7 +402,7 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
             if covering and not _off_device_at(trial[3], swap, pos):  # as its copies are scheduled, still there
                 tried.add(swap)
                 continue
-            swap_cost = trial[3].stall_ms - schedule.stall_ms
+            swap_cost = trial[3].extra_ms - schedule.extra_ms
         if recompute is None or swap_cost <= g.time[recompute] * (1 + g.n_dep[recompute]):
             offloaded.append(swap)
             tried.add(swap)
