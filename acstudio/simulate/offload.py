@@ -95,7 +95,8 @@ class OffloadSchedule:
     be back before this node, or before the replays inserted there where ``by_replay``); times in ms from the
     step's start: ``d2h`` and ``h2d`` (start, end) per copy. ``stall_ms``: the time the step waits for copies;
     ``waits``: per node, how much of it is spent right before that node (around its replays), which the step's
-    clock adds, the host's delays included (:meth:`Simulator.clock <acstudio.simulate.simulator.Simulator.clock>`).
+    clock adds (:meth:`Simulator.clock <acstudio.simulate.simulator.Simulator.clock>`; the copies' times are on
+    that clock, so it leaves out ``issue_ms``, which moves nodes and copies alike).
     ``issue_ms``: the time the host's calls issuing them add to the step (0 where the host is ahead).
     """
 
@@ -228,15 +229,7 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     later = host_delay(run + replay_ms, host, np.concatenate([ready + 1, release, prefetch, needed]),
                        link.offload_issue_nodes * node_ms / 4)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
-                           float(delay), waits + _per_node(later, sim.n), float(later[-1]))
-
-
-def _per_node(later: np.ndarray, n: int) -> np.ndarray:
-    """The delays ``later`` (cumulative, per node start and, last, the step's end) as the time each node waits
-    right before it; a delay after the last node starts is counted before it, so the clock still ends with the step."""
-    each = np.diff(later, prepend=0.0)
-    each[n - 1] += each[n]
-    return each[:n]
+                           float(delay), waits, float(later[-1]))
 
 
 def host_delay(device_ms: np.ndarray, host_ms: np.ndarray, calls_at: np.ndarray, call_ms: float) -> np.ndarray:
