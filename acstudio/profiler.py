@@ -379,6 +379,7 @@ def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, 
             for j in range(copies):
                 issue(j)
             on_host = min(on_host, (time.perf_counter() - t0) * 1e6 / copies)
+            side.wait_stream(torch.cuda.current_stream(dev))  # the end follows both streams' work (and the start)
             end.record(side)
             end.synchronize()
             on_device = min(on_device, start.elapsed_time(end) * 1e3 / copies)
