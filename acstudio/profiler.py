@@ -15,6 +15,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -328,12 +329,18 @@ def measure_host_link(dev: torch.device) -> HostLink:
         return HostLink(host_free_bytes=host_free)
     try:
         d2h, h2d, duplex = _link_rates(dev, LINK_PROBE_BYTES)
-        latency_us, issue_us, op_us = _copy_costs_us(dev, LATENCY_PROBE_BYTES, LATENCY_PROBE_COPIES)
+        try:
+            costs = [round(us, 3) for us in _copy_costs_us(dev, LATENCY_PROBE_BYTES, LATENCY_PROBE_COPIES)]
+        except RuntimeError as e:  # a driver that refuses the timing: the profile is still worth having
+            warnings.warn(f"the fixed cost of a copy could not be measured ({e}); plans price it with the stated "
+                          "defaults", stacklevel=2)
+            costs = [None, None, None]
     finally:
         free_device_memory()
+    latency_us, issue_us, op_us = costs
     return HostLink(d2h_gb_s=round(d2h, 3), h2d_gb_s=round(h2d, 3), duplex_gb_s=round(duplex, 3),
-                    host_free_bytes=host_free, copy_latency_us=round(latency_us, 3),
-                    offload_issue_us=round(issue_us, 3), op_issue_us=round(op_us, 3))
+                    host_free_bytes=host_free, copy_latency_us=latency_us, offload_issue_us=issue_us,
+                    op_issue_us=op_us)
 
 
 def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float, float]:

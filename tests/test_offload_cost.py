@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from test_offload import BYTES_ONLY, offloadable, on_gpu
 from test_rewrite import captured
 
@@ -136,3 +137,20 @@ def test_the_planner_recomputes_where_an_offload_costs_more_than_the_replay(fixe
     costly = make_plan(on_gpu(profile, **{**BYTES_ONLY, fixed_cost: 1e3 * step_ms, "op_issue_us": 1e-3}), budget)
     assert not costly.offloaded and costly.feasible
     assert costly.predicted_extra_ms == pytest.approx(recompute_only.predicted_extra_ms)
+
+
+def test_a_link_whose_copy_costs_cannot_be_timed_keeps_its_rates_and_states_the_defaults(monkeypatch):
+    """The fixed copy costs are timed with CUDA events; a driver that refuses that timing must not cost the
+    user the profile: the rates stay measured, the costs fall back to the stated defaults, with a warning."""
+    import acstudio.profiler as profiler
+
+    def refused(*_args):
+        raise RuntimeError("Both events must be completed before calculating elapsed time.")
+
+    monkeypatch.setattr(profiler, "_link_rates", lambda *_args: (50.0, 51.0, 45.0))
+    monkeypatch.setattr(profiler, "_copy_costs_us", refused)
+    monkeypatch.setattr(profiler, "free_device_memory", lambda: None)
+    with pytest.warns(UserWarning, match="stated defaults"):
+        link = profiler.measure_host_link(torch.device("cuda"))
+    assert (link.d2h_gb_s, link.h2d_gb_s, link.duplex_gb_s) == (50.0, 51.0, 45.0) and link.measured
+    assert link.copy_latency_us is None and link.offload_issue_us is None and link.op_issue_us is None
