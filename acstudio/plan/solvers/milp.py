@@ -40,23 +40,24 @@ time, and the objective a bound), when none can, or at its limits (the bound so 
 the smaller of the two programs' bounds, a lower bound on every plan in either mode, and returns the fastest plan
 it knows (``auto``'s, ``milp``'s, the shared program's own) with it.
 
-The third decision. Where the context offloads (:attr:`PlanContext.may_offload`), :func:`exact_recompute_set`
-also decides ``o[s]`` = offload activation ``s`` to host memory, for every activation that can be offloaded
-(:class:`~acstudio.simulate.offload.OffloadFacts`) and whose copies leave it a window off the device, with
-``x[s] + o[s] <= 1`` (:class:`_Copies`). An offloaded activation is absent from the device over a window estimated
-from the link rate as if the link were idle: from the first node that starts once its copy out, issued after its
-last forward write, has ended, to the last node before which its copy back must be issued to land by its first
-backward use, or by the first replay that reads it (``y[a, p]`` of a chain that stops at it). The link is
-constrained so the copies hide: the copies out whose windows begin in forward fit, back to back, between their
-writes and the start of backward, and the copies back between the start of backward and their uses; their bytes
-fit the host-memory cap. The objective stays the recompute time (the stall estimate within those constraints is
-zero). This is an approximation: copies queue on the link, so a window can be shorter than estimated. Each
-solution is simulated exactly with its copies; where it is over budget, the windows learn the simulated release
-and prefetch of its copies before the cuts are added (where the cuts change nothing, the solution is cut off with
-every one of its recompute set that offloads only some of the same activations: with fewer copies the memory is
-higher, exactly so without any). A solution that fits but stalls is kept at its simulated time and cut off with those
-of its recompute set that offload the same and more, and returned unless a cheaper one is found. Its lower bound then
-holds for the program's estimate of the copies, and for every recompute-only plan (the program without offload is a
+The third decision. Where the context offloads (:attr:`PlanContext.may_offload`), :func:`exact_recompute_set` also
+decides ``o[s]`` = offload activation ``s`` to host memory, for every activation that can be offloaded
+(:class:`~acstudio.simulate.offload.OffloadFacts`) and whose copies leave it a window off the device, with ``x[s] +
+o[s] <= 1`` (:class:`_Copies`). An offloaded activation is absent from the device over a window estimated from the
+link rate as if the link were idle: from the first node that starts once its copy out, issued after its last forward
+write, has ended, to the last node before which its copy back must be issued to land by its first backward use, or
+by the first replay that reads it (``y[a, p]`` of a chain that stops at it). The link is constrained so the copies
+hide: the copies out whose windows begin in forward fit, back to back, between their writes and the start of
+backward, and the copies back between the start of backward and their uses; their bytes fit the host-memory cap. The
+objective stays the recompute time (the stall estimate within those constraints is zero, and the host's calls that
+issue the copies are left out). This is an approximation: copies queue on the link, so a window can be shorter than
+estimated. Each solution is simulated exactly with its copies; where it is over budget, the windows learn the
+simulated release and prefetch of its copies before the cuts are added (where the cuts change nothing, the solution
+is cut off with every one of its recompute set that offloads only some of the same activations: with fewer copies
+the memory is higher, exactly so without any). A solution that fits but whose copies add time (they stall, or the
+host's calls issuing them delay a step the host limits) is kept at its simulated time and cut off with those of its
+recompute set that offload the same and more, and returned unless a cheaper one is found. Its lower bound then holds
+for the program's estimate of the copies, and for every recompute-only plan (the program without offload is a
 restriction of it, and no cut removes a recompute-only plan that fits). Stopped by a limit, :func:`exact_milp`
 answers with the faster of the best solution found and μ-TWO's plans, its offload plan included.
 """
@@ -237,7 +238,7 @@ class _LazyProgram:
         self.mem_peak = np.array([nd.mem_peak for nd in ctx.profile.nodes], dtype=np.int64)
         self.cut_nodes: set = set()
         self.copies: _Copies | None = None
-        self.stall_ms = 0.0  # the copy stall of the solution :meth:`cuts` last found fitting
+        self.stall_ms = 0.0  # what the copies of the solution :meth:`cuts` last found fitting add (stalls, host calls)
 
     def decode(self, x: np.ndarray) -> tuple[list[int], list[int]]:
         """The recomputed and the offloaded activations of a solution."""
@@ -537,7 +538,7 @@ class _AgainProgram(_LazyProgram):
         nodes = [int(i) for i in np.argsort(-node_mem, kind="stable") if node_mem[i] > self.budget]
         replays = sorted((a for a, m in replay_mem.items() if m > self.budget), key=lambda a: -replay_mem[a])
         if not nodes and not replays:
-            self.stall_ms = offload.stall_ms if offload is not None else 0.0
+            self.stall_ms = offload.extra_ms if offload is not None else 0.0
             return None
         if offload is not None:
             self.copies.learn(offload)
