@@ -229,7 +229,8 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
         _label(release, f"{sid}@release", "forward", [])
         placed.append((slot, sid, holders, wanted, release))
     fetched = {}
-    for slot, sid, *_ in placed:  # after every release: a release and a prefetch may share a node
+    # After every release (a release and a prefetch may share a node), in the order the schedule issues them.
+    for slot, sid, *_ in sorted(placed, key=lambda p: schedule.h2d[p[0], 0]):
         with graph.inserting_before(before_replays[int(schedule.prefetch[slot])]):
             fetched[slot] = graph.call_function(offload_prefetch, (rt, slot))
         _label(fetched[slot], f"{sid}@h2d", "backward", [f"{sid}@h2d"])

@@ -193,11 +193,16 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
 
     # The step as it runs: the compute stream waits where a copy is late. At one node: releases, prefetches and
     # waits before its replays, then waits after them (before the node itself); copies out after the node.
+    # Copies back issued before one node go in their planned order (a long one needed later must not hold up one
+    # needed sooner); the others in copy order.
     slot = np.tile(np.arange(m), 4)
+    planned = np.empty(m, dtype=np.int64)
+    planned[np.lexsort((np.arange(m), h2d_begin))] = np.arange(m)
+    turn = np.concatenate([np.arange(m), np.arange(m), planned, np.arange(m)])
     node = np.concatenate([ready, release, prefetch, needed])
     phase = np.concatenate([np.full(m, 4), np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64),
                             3 - by_replay.astype(np.int64)])
-    order = np.lexsort((slot, phase, node))
+    order = np.lexsort((turn, phase, node))
     at_ms = np.select([phase == 4, phase == 3], [end[node], start[node]], issue[node])  # when the event is reached
     d2h = [[0.0, 0.0] for _ in range(m)]
     h2d = [[0.0, 0.0] for _ in range(m)]
