@@ -49,9 +49,9 @@ write, has ended, to the last node before which its copy back must be issued to 
 by the first replay that reads it (``y[a, p]`` of a chain that stops at it). The link is constrained so the copies
 hide: the copies out whose windows begin in forward fit, back to back, between their writes and the start of
 backward, and the copies back between the start of backward and their uses; their bytes fit the host-memory cap. The
-objective stays the recompute time (the stall estimate within those constraints is zero, and the host's calls that
-issue the copies are left out). This is an approximation: copies queue on the link, so a window can be shorter than
-estimated. Each solution is simulated exactly with its copies; where it is over budget, the windows learn the
+objective is the recompute time plus, per offload, the most its host calls can delay the step (the stall estimate
+within those constraints is zero). This is an approximation: copies queue on the link, so a window can be shorter
+than estimated. Each solution is simulated exactly with its copies; where it is over budget, the windows learn the
 simulated release and prefetch of its copies before the cuts are added (where the cuts change nothing, the solution
 is cut off with every one of its recompute set that offloads only some of the same activations: with fewer copies
 the memory is higher, exactly so without any). A solution that fits but whose copies add time (they stall, or the
@@ -240,6 +240,11 @@ class _LazyProgram:
         self.copies: _Copies | None = None
         self.stall_ms = 0.0  # what the copies of the solution :meth:`cuts` last found fitting add (stalls, host calls)
 
+    def priced_calls_ms(self, offloaded: list[int]) -> float:
+        """The host calls' cost the program's objective holds for ``offloaded`` (the simulation prices them
+        exactly)."""
+        return self.copies.issue_ms * len(offloaded) if self.copies is not None else 0.0
+
     def decode(self, x: np.ndarray) -> tuple[list[int], list[int]]:
         """The recomputed and the offloaded activations of a solution."""
         chosen = [k for k in self.cands if x[self.col[k]] > 0.5]
@@ -294,7 +299,10 @@ class _Copies:
                                rg.first_bw)
         self.latest = rg.first_bw.copy()  # no prefetch after this node (lowered by learn)
         self.version = 0  # counts the changes of the windows
-        self.col = {s: prog.var(binary=True) for s in np.flatnonzero(facts.offloadable).tolist()
+        # The host's calls that issue an offload's copies and waits, at most what they can delay the step (where
+        # the host has a lead over the device they cost less: the simulated solution says how much).
+        self.issue_ms = ctx.profile.link.offload_issue_nodes * ctx.profile.node_issue_ms
+        self.col = {s: prog.var(cost=self.issue_ms, binary=True) for s in np.flatnonzero(facts.offloadable).tolist()
                     if self.release[s] < self.prefetch(s, int(rg.first_bw[s]))}
         for s, o in self.col.items():
             if s in col:  # kept, recomputed or offloaded
@@ -580,7 +588,7 @@ def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelTok
         nonlocal known
         cuts = model.cuts(chosen, offloaded)
         if cuts is None:
-            extra = float(res.fun) + model.stall_ms
+            extra = float(res.fun) - model.priced_calls_ms(offloaded) + model.stall_ms
             if known is None or extra < known.objective:
                 known = _Outcome(chosen, extra, lower, rounds, "optimal", offloaded)
         return cuts
@@ -606,7 +614,8 @@ def _solve_lazily(model, time_limit_s: float, max_rounds: int, cancel: CancelTok
         chosen, offloaded = model.decode(res.x)
         cuts = fitting(res, rounds, chosen, offloaded)
         if cuts is None and model.stall_ms <= 0.0:
-            return _Outcome(chosen, float(res.fun), lower, rounds, "optimal", offloaded)
+            return _Outcome(chosen, float(res.fun) - model.priced_calls_ms(offloaded), lower, rounds, "optimal",
+                            offloaded)
         for cut in cuts or ():
             cut()
         if not cuts:  # it stalls, or the cuts bound its memory too low: cut the solution itself
