@@ -182,7 +182,7 @@ def test_on_a_real_model_the_plan_offloads_rewrites_as_predicted_and_beats_the_g
 def test_with_the_host_calls_priced_offload_never_makes_the_program_slower_than_without():
     """On a step the host limits, each offload's calls cost step time: the program prices them, so a plan that
     may offload is never slower than the program's plan without offload."""
-    *_, step, profile = captured("gpt2")
+    *_, profile = captured("gpt2")
     env = {**profile.environment, "device_type": "cuda"}
     gpu = dataclasses.replace(profile, environment=env, host_link=HostLink(0.5, 0.5, 0.5, 2**30))  # default costs
     budget = int(profile.peak_bytes * 0.8)
