@@ -6,9 +6,10 @@ latency on its stream, and the host time of issuing one offloaded activation's c
 back, wait), which lengthens the step wherever the host, not the GPU, sets its pace. Three parts, each failing on
 its own with one line:
 
-1. ``_copy_costs_us``: a stand-alone measurement of both for small (4 KiB) pinned copies, issued with the torch
-   calls the rewritten step makes and queued behind a GPU spin, written as a profiler function would make it:
-   (the slower direction's per-copy latency in µs, the host µs to issue one offload both ways);
+1. the profiler's ``_copy_costs_us`` (the recorded output ran a stand-alone copy of it, before it measured one
+   small op too): both for small (4 KiB) pinned copies, issued with the torch calls the rewritten step makes and
+   queued behind a GPU spin: (the slower direction's per-copy latency in µs, the host µs to issue one offload both
+   ways, the host µs to issue one small op);
 2. the real ``OffloadRuntime``'s four calls on cuda:0 with 4 KiB and 2 MiB slots, host µs per call;
 3. for the H200 sample profiles' captured steps (ResNet-152 bs64, BERT bs16): the host issue time (``run()``
    returned) against the wall time, median of 8 after 3 warm-up steps; the difference is how far the host leads.
@@ -23,66 +24,14 @@ import time
 import torch
 from _timing import host_and_wall_ms
 
-LINK_PROBE_REPEATS = 3
-LATENCY_PROBE_HOLD_CYCLES = 20_000_000
+from acstudio.profiler import _copy_costs_us
+
 dev = torch.device("cuda", 0)
 T0 = time.perf_counter()
 
 
 def say(*a):
     print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
-
-
-def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float]:
-    """Microseconds of one small pinned copy's fixed costs: (the time it holds its stream, the slower direction;
-    the host time to issue one offloaded activation's calls, both directions). Issued with the torch calls the
-    rewritten step makes (:mod:`acstudio.rewrite.offload`): the copy out reads the tensor's storage as bytes on a
-    side stream that waits for the compute stream, and the compute stream waits for it before freeing the tensor;
-    the copy back allocates its buffer, waits for both streams, and the compute stream waits for it before
-    rebuilding the tensor over the buffer. The copies queue behind the compute stream spinning, so that neither
-    measurement waits for the other; the best of a few repeats."""
-    side = torch.cuda.Stream(dev)
-    device = [torch.empty(nbytes // 4, dtype=torch.float32, device=dev) for _ in range(copies)]
-    pool = torch.empty(nbytes * copies, dtype=torch.uint8, pin_memory=True)
-    host = [pool[j * nbytes:(j + 1) * nbytes] for j in range(copies)]
-    done = [torch.cuda.Event() for _ in range(copies)]
-
-    def copy_out(j: int) -> None:
-        data = torch.empty(0, dtype=torch.uint8, device=dev).set_(device[j].untyped_storage())
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            host[j][:nbytes].copy_(data, non_blocking=True)
-        done[j].record(side)
-        torch.cuda.current_stream(dev).wait_event(done[j])
-
-    def copy_back(j: int) -> None:
-        buffer = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        side.wait_event(done[j])
-        with torch.cuda.stream(side):
-            buffer.copy_(host[j][:nbytes], non_blocking=True)
-        done[j].record(side)
-        torch.cuda.current_stream(dev).wait_event(done[j])
-        torch.empty(0, dtype=torch.float32, device=dev).set_(buffer.untyped_storage(), 0, (nbytes // 4,), (1,))
-
-    def timed(issue) -> tuple[float, float]:
-        on_device = on_host = float("inf")
-        for _ in range(LINK_PROBE_REPEATS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(dev)
-            torch.cuda._sleep(LATENCY_PROBE_HOLD_CYCLES)
-            start.record()
-            t0 = time.perf_counter()
-            for j in range(copies):
-                issue(j)
-            on_host = min(on_host, (time.perf_counter() - t0) * 1e6 / copies)
-            end.record(side)
-            end.synchronize()
-            on_device = min(on_device, start.elapsed_time(end) * 1e3 / copies)
-        return on_device, on_host
-
-    (out_device, out_host), (in_device, in_host) = timed(copy_out), timed(copy_back)
-    return max(out_device, in_device), out_host + in_host
 
 
 def runtime_call_costs(size: int, n: int = 200) -> None:
@@ -139,8 +88,8 @@ def captured_lead():
 
 def main():
     say(torch.__version__, torch.cuda.get_device_name())
-    for f in (lambda: say("profiler _copy_costs_us (latency_us, offload_issue_us):", _copy_costs_us(dev, 4096, 64)),
-              runtime_calls, captured_lead):
+    costs = "profiler _copy_costs_us (latency_us, offload_issue_us, op_issue_us):"
+    for f in (lambda: say(costs, _copy_costs_us(dev, 4096, 64)), runtime_calls, captured_lead):
         try:
             f()
         except Exception as exc:  # a probe: the other parts still run
