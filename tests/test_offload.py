@@ -17,7 +17,6 @@ from acstudio.capture import capture_step
 from acstudio.cli import main
 from acstudio.errors import ACStudioError, CorruptFileError
 from acstudio.export import ExportError, export, sac
-from acstudio.export import apply as apply_module
 from acstudio.plan import plan as make_plan
 from acstudio.plan.loading import check_plan_derivation, load_plan
 from acstudio.plan.model import Plan
@@ -307,7 +306,7 @@ def test_cuda_link_is_measured_with_pinned_copies():
 
 
 def test_exported_step_of_an_offload_plan_trains_bitwise_like_the_plan_without_offload(tmp_path, monkeypatch):
-    monkeypatch.setattr(apply_module, "offload_unsupported", lambda: "this torch cannot")  # SAC that cannot offload
+    monkeypatch.setattr(sac, "offload_unsupported", lambda: "this torch cannot")  # SAC that cannot offload
     spec, *_, profile = captured("gpt2")
     ctx = PlanContext(profile)
     rc = ctx.rg.candidates[1::3]
@@ -373,7 +372,7 @@ def test_near_the_recompute_floor_offloading_what_replays_read_is_far_cheaper():
 
 
 def test_cli_export_of_an_offload_plan_says_why_there_is_no_sac_policy(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(apply_module, "offload_unsupported", lambda: "this torch cannot")  # SAC that cannot offload
+    monkeypatch.setattr(sac, "offload_unsupported", lambda: "this torch cannot")  # SAC that cannot offload
     *_, profile = captured("gpt2")
     ctx = PlanContext(profile)
     plan = ctx.plan_for_set("mutwo", profile.peak_bytes, ctx.rg.candidates[:2],

@@ -21,8 +21,9 @@ torch.compile the partitioner reads them as untagged ops, saving or recomputing 
 activation offloading (``torch._functorch.config.enable_activation_offloading``) acts only on nodes a joint-graph
 pass marks ``should_offload``, which nothing in torch derives from those policies (see :mod:`acstudio.plan.compiled`
 for what it costs). Torch 2.11 has no ``respect_saved_tensors_hooks``: there SAC's cache bypasses every
-saved-tensors hook and a plan that offloads is refused (:func:`offload_unsupported`). Under torch.compile the hooks
-do not run either, so a compiled block keeps its offloaded outputs on the device (a warning says so).
+saved-tensors hook and a plan that offloads is refused (:func:`acstudio.export.sac.offload_unsupported`). Under
+torch.compile the hooks do not run either, so a compiled block keeps its offloaded outputs on the device (a
+warning says so).
 
 The wrapper changes no parameter, buffer or name: ``state_dict``, optimizers, FSDP2's ``fully_shard`` and DDP see
 the same model.
@@ -314,8 +315,8 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
     blocks than the profiled one is refused here; the first forward raises :class:`ModelMismatchError` if the model
     runs other ops than the profiled one, and a training forward with a module of a wrapped block in eval mode
     is refused. A plan that offloads runs where this torch passes SAC's cache through saved-tensors hooks
-(:func:`offload_unsupported`), and is refused with the form that runs it elsewhere. What the eager model decides
-for itself is followed exactly: its dropout probabilities (a block's
+    (:func:`acstudio.export.sac.offload_unsupported`), and is refused with the form that runs it elsewhere. What
+    the eager model decides for itself is followed exactly: its dropout probabilities (a block's
     random ops are saved or replayed with the random state they drew from), frozen parameters (no gradient, no
     update) and evaluation under ``torch.no_grad()`` (the blocks run unwrapped).
     """
@@ -337,36 +338,8 @@ for itself is followed exactly: its dropout probabilities (a block's
     return model
 
 
-_NO_OFFLOAD = ("torch {}'s selective checkpointing keeps what it saves on the device (it passes no saved tensor to "
-               "saved-tensors hooks, and recomputes a CheckpointPolicy.MUST_CPU_OFFLOAD op)")
-
-
 class CompiledOffloadWarning(UserWarning):
     """A block with offload decisions runs under torch.compile, which keeps those outputs on the device."""
-
-
-@functools.cache
-def offload_unsupported() -> str:
-    """Why this torch cannot run a SAC policy's offload decisions ("" where it can): tried, not read off the
-    version. Offload needs SAC's cache to pass through saved-tensors hooks; a torch without checkpoint's
-    ``respect_saved_tensors_hooks`` keeps what SAC saves on the device whatever hook is active, and eager SAC
-    recomputes a ``MUST_CPU_OFFLOAD`` op instead of offloading it."""
-    packed = set()
-
-    def pack(t):
-        packed.add(t.untyped_storage().data_ptr())
-        return t
-
-    x = torch.ones(2, requires_grad=True)
-    saves = functools.partial(create_selective_checkpoint_contexts, lambda *args, **kwargs: CheckpointPolicy.MUST_SAVE)
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            cached = checkpoint(torch.sin, x, use_reentrant=False, context_fn=saves, respect_saved_tensors_hooks=True)
-    except TypeError:
-        return _NO_OFFLOAD.format(torch.__version__)
-    if cached.untyped_storage().data_ptr() in packed:  # SAC's cache of sin's output reached the hook
-        return ""
-    return _NO_OFFLOAD.format(torch.__version__)
 
 
 @dataclass(eq=False)

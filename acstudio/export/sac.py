@@ -12,15 +12,19 @@ updates can run a plain checkpoint instead, which puts the block's buffers back 
 
 Version 2 adds ``offload`` and the bytes the policy offloads; a policy without offload is written as version 1,
 which earlier versions of AC Studio read too, and both are read. Offload runs only where the installed torch
-passes SAC's cache through saved-tensors hooks (:func:`acstudio.export.apply.offload_unsupported`); elsewhere a plan
+passes SAC's cache through saved-tensors hooks (:func:`offload_unsupported`); elsewhere a plan
 that offloads is refused here, naming the form that runs it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from acstudio.errors import ProfileFileError
 from acstudio.export.formats import ExportFormat, ExportJob, register_format
@@ -136,10 +140,37 @@ def write(job: ExportJob, directory: Path) -> list[str]:
     return [Path(policy(job).save(directory)).name]
 
 
+_NO_OFFLOAD = ("torch {}'s selective checkpointing keeps what it saves on the device (it passes no saved tensor to "
+               "saved-tensors hooks, and recomputes a CheckpointPolicy.MUST_CPU_OFFLOAD op)")
+
+
+
+@functools.cache
+def offload_unsupported() -> str:
+    """Why this torch cannot run a SAC policy's offload decisions ("" where it can): tried, not read off the
+    version. Offload needs SAC's cache to pass through saved-tensors hooks; a torch without checkpoint's
+    ``respect_saved_tensors_hooks`` keeps what SAC saves on the device whatever hook is active, and eager SAC
+    recomputes a ``MUST_CPU_OFFLOAD`` op instead of offloading it."""
+    packed = set()
+
+    def pack(t):
+        packed.add(t.untyped_storage().data_ptr())
+        return t
+
+    x = torch.ones(2, requires_grad=True)
+    saves = functools.partial(create_selective_checkpoint_contexts, lambda *args, **kwargs: CheckpointPolicy.MUST_SAVE)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            cached = checkpoint(torch.sin, x, use_reentrant=False, context_fn=saves, respect_saved_tensors_hooks=True)
+    except TypeError:
+        return _NO_OFFLOAD.format(torch.__version__)
+    if cached.untyped_storage().data_ptr() in packed:  # SAC's cache of sin's output reached the hook
+        return ""
+    return _NO_OFFLOAD.format(torch.__version__)
+
+
 def offload_refusal() -> str:
     """Why this torch cannot run a policy that offloads, naming the form that can ("" where it can)."""
-    from acstudio.export.apply import offload_unsupported
-
     why = offload_unsupported()
     return f"the plan offloads activations to host memory, but {why} — {OFFLOAD_FORM}" if why else ""
 
