@@ -5,6 +5,7 @@ solver calls can be counted.
 """
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -457,7 +458,11 @@ def test_a_slider_step_previews_offload_by_lookup_where_the_resting_plan_offload
     panel = BudgetPanel(session, ("auto", "mutwo"))
     qtbot.addWidget(panel)
     session.set_loaded(gpu_loaded)
-    assert session.offload_preview is not None and session.offload_preview.plans
+    front = session.offload_preview.plans
+    assert front and all(plan.offloaded for plan in front)
+    # a Pareto front: each looser plan is faster, so the fastest plan that fits a budget is the loosest that fits
+    assert all(a.predicted_peak_bytes < b.predicted_peak_bytes and a.predicted_extra_ms > b.predicted_extra_ms
+               for a, b in itertools.pairwise(front))
     jobs.run()
     # from here on, count every planning call: a slider step makes none
     def counting(name, make):

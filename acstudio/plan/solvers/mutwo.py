@@ -470,10 +470,11 @@ def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[
     return _priced(ctx, budget, recomputed, offloaded)
 
 
-# The offload preview: budgets it plans for, evenly from the floor to the baseline peak, and the shares
-# offload_onto starts from at each (a cheaper pass than offload_plan's, which the resting plan still makes).
+# The offload preview: budgets it plans for, evenly from the floor to the baseline peak, and the shares (see
+# OFFLOAD_START_SHARES) offload_onto starts from at each: a cheaper pass than offload_plan's, which the resting plan
+# still makes. A start near the baseline matters most near the floor, where offloading what replays read wins.
 OFFLOAD_PREVIEW_BUDGETS = 32
-OFFLOAD_PREVIEW_SHARES = (0.2, 0.5)
+OFFLOAD_PREVIEW_SHARES = (0.3, 0.8)
 
 
 @dataclass
@@ -494,8 +495,9 @@ def offload_preview(ctx: PlanContext, progress: ProgressFn | None = None, cancel
                     budgets: int = OFFLOAD_PREVIEW_BUDGETS) -> OffloadPreview | None:
     """Plans that offload at ``budgets`` budgets from the floor to the baseline peak (None where the context does
     not offload): at each, :func:`offload_onto` from the recompute-only trajectory's plans at
-    :data:`OFFLOAD_PREVIEW_SHARES` and one :func:`offload_greedy` run, each priced exactly; the Pareto front of
-    all of them, by their own peaks (a plan that misses its budget still answers a looser one)."""
+    :data:`OFFLOAD_PREVIEW_SHARES`, each priced exactly; the Pareto front of all of them, by their own peaks (a
+    plan that misses its budget still answers a looser one). :func:`offload_greedy`'s plans are left out: on the
+    bundled transformer samples they never joined that front, and they cost as much again."""
     if not ctx.may_offload:
         return None
     path = trajectory(ctx, cancel=cancel)
@@ -507,7 +509,6 @@ def offload_preview(ctx: PlanContext, progress: ProgressFn | None = None, cancel
         starts = {path.step_for_budget(int(budget + share * (top - budget))) for share in OFFLOAD_PREVIEW_SHARES}
         for j in sorted(len(path._picks) if j is None else j for j in starts):
             found.append(offload_onto(ctx, budget, ctx.host_memory, path._picks[:j], path._picks[j:], cancel))
-        found.append(offload_greedy(ctx, budget, ctx.host_memory, cancel))
     report(progress, budgets, budgets, "offload preview: done")
     front: list[Plan] = []
     for plan in sorted((p for p in found if p is not None),
