@@ -496,3 +496,19 @@ def test_a_slider_step_previews_offload_by_lookup_where_the_resting_plan_offload
             assert f"offloads {len(preview.plan.offloaded)} activations" in preview.note
             assert rested.plan.predicted_extra_ms <= preview.plan.predicted_extra_ms
     assert offloading  # the profile's resting plans offload, and so did their previews
+
+
+
+def test_offload_plans_of_a_profile_no_longer_open_are_dropped(loaded, gpu_loaded):
+    from acstudio.views.session import OFFLOAD_PREVIEW_JOB
+
+    session = Session(HeldJobs())
+    asked: list[tuple[str, object]] = []  # (job name, what takes its answer)
+    session.jobs.submit = lambda name, fn, on_result, on_error, delay_ms=0: asked.append((name, on_result))
+    session.set_loaded(loaded)  # a CPU profile: nothing offloads, so no offload plans are asked for
+    assert [name for name, _ in asked] == ["plan"]
+    session.set_loaded(gpu_loaded)
+    assert [name for name, _ in asked[1:]] == [OFFLOAD_PREVIEW_JOB, "plan"]
+    session.set_loaded(loaded)
+    asked[1][1](object())  # the GPU profile's offload plans arrive after another profile opened: dropped
+    assert session.offload_preview is None
