@@ -5,6 +5,7 @@ solver calls can be counted.
 """
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -231,10 +232,12 @@ def test_the_resting_plan_offloads_on_a_gpu_and_never_on_a_cpu(loaded, gpu_loade
     gpu.set_loaded(gpu_loaded)
     cpu.set_loaded(loaded)
     assert gpu.budget == cpu.budget  # the same graph and budget: only the device differs
-    # the slider's preview is a lookup on μ-TWO's recompute-only trajectory; the resting plan also weighs offload
+    # the slider's preview is a lookup among plans made once (μ-TWO's trajectory and plans that offload); the
+    # resting plan weighs offload for this very budget
     preview, rested = seen["plan"]
-    assert not preview.complete and not preview.plan.offloaded
+    assert not preview.complete and preview.plan.offloaded and preview.plan.predicted_peak_bytes <= gpu.budget
     plan, sim = rested.plan, rested.sim
+    assert plan.predicted_extra_ms <= preview.plan.predicted_extra_ms
     assert plan.offloaded and plan.feasible and plan.copies_hidden
     recompute_only = gpu_loaded.trajectory.best_plan_for_budget(gpu.budget)
     assert plan.predicted_extra_ms < recompute_only.predicted_extra_ms  # the offload plan won: faster, and fits
@@ -430,3 +433,82 @@ def test_the_preview_says_it_is_recompute_only_or_reuses_a_plan_that_offloads(qt
     assert not session.state.complete and session.state.note == "" and panel.preview_label.text() == ""
     session.set_loaded(loaded)
     assert not session.state.complete and session.state.note == "" and panel.preview_label.text() == ""
+
+
+class PreviewFirstJobs(HeldJobs):
+    """Held jobs, but the offload preview (made once per profile, in the background in the app) runs at once."""
+
+    def submit(self, name, fn, on_result, on_error, delay_ms=0) -> None:
+        from acstudio.views.session import OFFLOAD_PREVIEW_JOB
+
+        if name == OFFLOAD_PREVIEW_JOB:
+            InlineJobs.submit(self, name, fn, on_result, on_error)
+        else:
+            super().submit(name, fn, on_result, on_error, delay_ms)
+
+
+def test_a_slider_step_previews_offload_by_lookup_where_the_resting_plan_offloads(qtbot, monkeypatch, gpu_loaded,
+                                                                                  counted):
+    from acstudio.gui.budget_panel import BudgetPanel
+    from acstudio.plan.solvers import mutwo
+    from acstudio.views import session as session_module
+
+    jobs = PreviewFirstJobs()
+    session = Session(jobs)
+    panel = BudgetPanel(session, ("auto", "mutwo"))
+    qtbot.addWidget(panel)
+    session.set_loaded(gpu_loaded)
+    front = session.offload_preview.plans
+    assert front and all(plan.offloaded for plan in front)
+    # a Pareto front: each looser plan is faster, so the fastest plan that fits a budget is the loosest that fits
+    assert all(a.predicted_peak_bytes < b.predicted_peak_bytes and a.predicted_extra_ms > b.predicted_extra_ms
+               for a, b in itertools.pairwise(front))
+    jobs.run()
+    # from here on, count every planning call: a slider step makes none
+    def counting(name, make):
+        def made(*args, **kwargs):
+            counted.append(name)
+            return make(*args, **kwargs)
+        return made
+
+    for name in ("offload_plan", "offload_onto", "offload_greedy", "offload_preview", "run_trajectory"):
+        for module in (mutwo, session_module):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+    floor, top = session.floor_bytes, session.baseline_bytes
+    offloading = 0
+    for budget in np.linspace(floor, top, 9)[1:-1].astype(int) + 1:  # budgets not planned yet
+        counted.clear()
+        session.set_budget(int(budget))
+        preview = session.state
+        assert counted == [] and not preview.complete  # a lookup: nothing planned or simulated
+        recompute_only = gpu_loaded.trajectory.plan_for_budget(int(budget))
+        assert preview.plan.predicted_extra_ms <= recompute_only.predicted_extra_ms  # never slower
+        assert preview.plan.budget_bytes == budget
+        jobs.run()
+        rested = session.state
+        assert rested.complete and panel.preview_label.text() == ""
+        if rested.plan.offloaded and not preview.note.startswith("preview: the plan made for"):
+            offloading += 1
+            assert preview.plan.offloaded and preview.plan.feasible
+            assert preview.plan.predicted_peak_bytes <= budget
+            assert preview.note.startswith("preview: a precomputed plan that peaks at")
+            assert f"offloads {len(preview.plan.offloaded)} activations" in preview.note
+            assert rested.plan.predicted_extra_ms <= preview.plan.predicted_extra_ms
+    assert offloading  # the profile's resting plans offload, and so did their previews
+
+
+
+def test_offload_plans_of_a_profile_no_longer_open_are_dropped(loaded, gpu_loaded):
+    from acstudio.views.session import OFFLOAD_PREVIEW_JOB
+
+    session = Session(HeldJobs())
+    asked: list[tuple[str, object]] = []  # (job name, what takes its answer)
+    session.jobs.submit = lambda name, fn, on_result, on_error, delay_ms=0: asked.append((name, on_result))
+    session.set_loaded(loaded)  # a CPU profile: nothing offloads, so no offload plans are asked for
+    assert [name for name, _ in asked] == ["plan"]
+    session.set_loaded(gpu_loaded)
+    assert [name for name, _ in asked[1:]] == [OFFLOAD_PREVIEW_JOB, "plan"]
+    session.set_loaded(loaded)
+    asked[1][1](object())  # the GPU profile's offload plans arrive after another profile opened: dropped
+    assert session.offload_preview is None

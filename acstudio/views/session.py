@@ -10,9 +10,10 @@ A budget is answered in two moves, each made once:
 1. at once, a *preview* read off μ-TWO's precomputed trajectory when the solver answers instantly: the recompute
    set, predicted peak, extra time and the decision of every activation (a lookup, microseconds, neither a solve
    nor a simulation), so a slider step costs one repaint. The trajectory only recomputes: planning offload takes
-   hundreds of simulations, too slow for a slider step, so where the resting plan may offload the preview is the
-   faster of the trajectory's plan and the fastest plan made before whose predicted peak fits this budget too
-   (a plan for a tighter budget fits a looser one), and says which it is (:attr:`PlanState.note`);
+   hundreds of simulations, too slow for a slider step, so where the resting plan may offload, plans that offload
+   are made once per profile in a background job (:func:`offload_preview`, at a grid of budgets) and the preview
+   is the fastest of the trajectory's plan, those, and the plans made before, whose predicted peak fits this
+   budget (a plan for a tighter budget fits a looser one); it says which it is (:attr:`PlanState.note`);
 2. when the budget rests, *one* background job makes the plan and simulates its timeline: for a solver that
    answers instantly, μ-TWO's best plan for the budget (the preview, or its shared-chain form where that is
    faster: tens of simulations, a tenth of a second, too slow for every slider step; on a GPU also its plan
@@ -36,7 +37,7 @@ from acstudio.errors import ACStudioError, Cancelled
 from acstudio.jobs import CancelToken, check
 from acstudio.plan.model import Plan
 from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS, best_of
-from acstudio.plan.solvers.mutwo import offload_plan
+from acstudio.plan.solvers.mutwo import OffloadPreview, offload_plan, offload_preview
 from acstudio.simulate.simulator import SimResult
 from acstudio.units import format_bytes
 from acstudio.views.documents import Loaded
@@ -51,6 +52,7 @@ from acstudio.views.tables import (
 )
 
 PLAN_JOB = "plan"
+OFFLOAD_PREVIEW_JOB = "offload preview"
 PLAN_AT_REST_MS = 150  # a previewed budget is solved once it rests this long: a drag does not solve every pause
 SIMULATE_AFTER_MS = 10  # a plan without a preview is solved this long after the step, once it is painted
 CACHE_PLANS = 64  # complete plans kept (the timeline of a 13k-node graph is ~0.6 MB)
@@ -193,6 +195,7 @@ class Session:
         self.span_activations = np.zeros(0, dtype=bool)  # per activation: alive in the selected span
         self._request: tuple[str, int] | None = None  # (solver, budget) the current plan answers
         self._plans: OrderedDict[tuple[str, int], tuple[Plan, SimResult]] = OrderedDict()
+        self.offload_preview: OffloadPreview | None = None  # plans that offload, for the preview to look up
 
     # -- profile ---------------------------------------------------------------------------------------------
     def set_loaded(self, loaded: Loaded) -> None:
@@ -200,6 +203,7 @@ class Session:
         self.jobs.cancel(PLAN_JOB)
         self.loaded = loaded
         self.state = None
+        self.offload_preview = None
         self.budget = 0  # the opening budget is news to every view, even if the last profile had it too
         self._request = None
         self._plans.clear()
@@ -209,7 +213,20 @@ class Session:
         floor, top = self.floor_bytes, self.baseline_bytes
         self.solver = DEFAULT_SOLVER
         self.events.solver.emit(self.solver)
+        if loaded.ctx.may_offload:
+            self.jobs.submit(OFFLOAD_PREVIEW_JOB, partial(offload_preview, loaded.ctx),
+                             partial(self._on_offload_preview, loaded), self.events.failed.emit)
+        else:
+            self.jobs.cancel(OFFLOAD_PREVIEW_JOB)
         self.set_budget(top if floor >= top else (floor + top) // 2)
+
+    def _on_offload_preview(self, loaded: Loaded, preview: OffloadPreview) -> None:
+        """The offload plans for ``loaded`` are made: a preview on show is looked up again, with them."""
+        if loaded is not self.loaded:
+            return
+        self.offload_preview = preview
+        if self.state is not None and self.state.note:  # only a preview has a note
+            self._show(*self._preview())
 
     @property
     def floor_bytes(self) -> int:
@@ -281,18 +298,26 @@ class Session:
 
     def _preview(self) -> tuple[Plan, None, str]:
         """The instant answer for the current budget, and what it is where the resting plan may offload: the
-        trajectory's recompute-only plan, or the fastest plan made before for this solver whose predicted peak
-        fits this budget too, where that one is faster (a lookup among the cached plans)."""
+        trajectory's recompute-only plan, or, where one is faster, the fastest whose predicted peak fits this
+        budget of the precomputed offload plans and the plans made before for this solver (lookups: no planning)."""
         preview = self.loaded.trajectory.plan_for_budget(self.budget)
         if not self.loaded.ctx.may_offload or self.budget >= self.baseline_bytes:  # its plan will not offload
             return preview, None, ""
         fitting = [plan for (solver, _), (plan, _sim) in self._plans.items()
                    if solver == self.solver and plan.feasible and plan.predicted_peak_bytes <= self.budget]
         earlier = min(fitting, key=lambda plan: plan.predicted_extra_ms, default=None)
-        if earlier is None or (preview.feasible and preview.predicted_extra_ms <= earlier.predicted_extra_ms):
+        precomputed = self.offload_preview.plan_for_budget(self.budget) if self.offload_preview else None
+        faster = [plan for plan in (earlier, precomputed) if plan is not None
+                  and not (preview.feasible and preview.predicted_extra_ms <= plan.predicted_extra_ms)]
+        best = min(faster, key=lambda plan: plan.predicted_extra_ms, default=None)
+        if best is None:
             return preview, None, PREVIEW_RECOMPUTE_ONLY
-        note = f"preview: the plan made for {format_bytes(earlier.budget_bytes)} (it fits here too); {PLAN_FOLLOWS}"
-        return replace(earlier, budget_bytes=self.budget), None, note
+        if best is earlier:
+            note = f"preview: the plan made for {format_bytes(earlier.budget_bytes)} (it fits here too); {PLAN_FOLLOWS}"
+            return replace(earlier, budget_bytes=self.budget), None, note
+        note = (f"preview: a precomputed plan that peaks at {format_bytes(best.predicted_peak_bytes)} and offloads "
+                f"{len(best.offloaded)} activations; {PLAN_FOLLOWS}")
+        return best, None, note
 
     def _on_planned(self, request: tuple[str, int], result: tuple[Plan, SimResult]) -> None:
         self._plans[request] = result
@@ -320,7 +345,7 @@ class Session:
 
     @property
     def busy(self) -> bool:
-        """A plan is being made or simulated, or is about to be."""
+        """A plan is being made or simulated, or is about to be (or the offload plans the preview looks up)."""
         return self.jobs.busy
 
     # -- selection -------------------------------------------------------------------------------------------

@@ -470,6 +470,54 @@ def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[
     return _priced(ctx, budget, recomputed, offloaded)
 
 
+# The offload preview: budgets it plans for, evenly from the floor to the baseline peak, and the shares (see
+# OFFLOAD_START_SHARES) offload_onto starts from at each: a cheaper pass than offload_plan's, which the resting plan
+# still makes. A start near the baseline matters most near the floor, where offloading what replays read wins.
+OFFLOAD_PREVIEW_BUDGETS = 32
+OFFLOAD_PREVIEW_SHARES = (0.3, 0.8)
+
+
+@dataclass
+class OffloadPreview:
+    """Plans that offload, made once per profile, so that a budget slider looks the fastest one that fits up
+    instead of planning: a plan's predicted peak is all a budget asks of it, so a plan made for a tighter budget
+    answers every looser one."""
+
+    plans: list[Plan]  # the Pareto front: peaks rising, extra time falling
+
+    def plan_for_budget(self, budget_bytes: int) -> Plan | None:
+        """The fastest plan whose predicted peak fits ``budget_bytes``, judged against it (None if none fits)."""
+        i = bisect.bisect_right([p.predicted_peak_bytes for p in self.plans], budget_bytes)
+        return dataclasses.replace(self.plans[i - 1], budget_bytes=budget_bytes) if i else None
+
+
+def offload_preview(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
+                    budgets: int = OFFLOAD_PREVIEW_BUDGETS) -> OffloadPreview | None:
+    """Plans that offload at ``budgets`` budgets from the floor to the baseline peak (None where the context does
+    not offload): at each, :func:`offload_onto` from the recompute-only trajectory's plans at
+    :data:`OFFLOAD_PREVIEW_SHARES`, each priced exactly; the Pareto front of all of them, by their own peaks (a
+    plan that misses its budget still answers a looser one). :func:`offload_greedy`'s plans are left out: on the
+    bundled transformer samples they never joined that front, and they cost as much again."""
+    if not ctx.may_offload:
+        return None
+    path = trajectory(ctx, cancel=cancel)
+    floor, top = ctx.floor_bytes, ctx.sim.baseline_peak
+    found: list[Plan] = []
+    for i, budget in enumerate(np.linspace(top, floor, budgets, endpoint=False)[1:].astype(np.int64).tolist()):
+        check(cancel)
+        report(progress, i, budgets, f"offload preview: planning for {format_bytes(budget)}")
+        starts = {path.step_for_budget(int(budget + share * (top - budget))) for share in OFFLOAD_PREVIEW_SHARES}
+        for j in sorted(len(path._picks) if j is None else j for j in starts):
+            found.append(offload_onto(ctx, budget, ctx.host_memory, path._picks[:j], path._picks[j:], cancel))
+    report(progress, budgets, budgets, "offload preview: done")
+    front: list[Plan] = []
+    for plan in sorted((p for p in found if p is not None),
+                       key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms)):
+        if not front or plan.predicted_extra_ms < front[-1].predicted_extra_ms:
+            front.append(plan)
+    return OffloadPreview(front)
+
+
 def _priced(ctx: PlanContext, budget: int, recomputed: list[int], offloaded: list[int],
             ratios: dict[int, float] | None = None) -> Plan:
     """The plan of ``recomputed`` and ``offloaded`` in the faster replay mode that fits (else the lower peak),
