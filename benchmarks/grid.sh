@@ -21,9 +21,10 @@ shape=${1:-list}
 out=${2:-results}
 export PYTHONUNBUFFERED=1
 # The rows: the peers (HF gradient checkpointing, torchtitan's op-level SAC, both compiled or not) and our plans at
-# their measured peaks. eager is measured too, to check the batch's memory; bench adds the calibration rows
-# (compile, compile+per-block) that sac+compile needs.
-rows="eager,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op,compile+per-op,\
+# their measured peaks. eager is measured too, to check the batch's memory, and captured (the captured step run
+# as is), which the rewritten rows' predicted time is over; bench adds the calibration rows (compile,
+# compile+per-block) that sac+compile needs.
+rows="eager,captured,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op,compile+per-op,\
 sac+compile@compile+per-op"
 steps="--warmup 3 --iters 8"
 # BERT-base and GPT-2 from their default configs; past their 512 / 1024 positions, the position table grows.
