@@ -161,9 +161,7 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     nbytes = rg.bytes[ks_arr]
     duration = link.copy_ms(nbytes)
     at = np.array([r.at for r in replays], dtype=np.int64)
-    replay_ms = np.bincount(at, weights=[r.time_ms for r in replays], minlength=sim.n) if len(at) else np.zeros(sim.n)
-    run = rg.run_ms
-    clock = sim.clock([r.at for r in replays], [r.time_ms for r in replays])  # the step as planned, no waits yet
+    clock = sim.clock(at, [r.time_ms for r in replays])  # the step as planned, no waits yet
     # issue[i]: the point before node i where copies are issued and memory released; start[i]: its replays have run
     issue, start, end = clock.issue, clock.start, clock.end
     ready, last_fw, first_bw = facts.ready[ks_arr], rg.last_fw[ks_arr], rg.first_bw[ks_arr]
@@ -231,7 +229,7 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     replayed = (np.bincount(at, weights=[len(r.nodes) for r in replays], minlength=sim.n) if len(at)
                 else np.zeros(sim.n))
     host = (sim.offload_facts.issued + replayed) * node_ms
-    later = host_delay(run + replay_ms, host, np.concatenate([ready + 1, release, prefetch, needed]),
+    later = host_delay(end - issue, host, np.concatenate([ready + 1, release, prefetch, needed]),
                        link.offload_issue_nodes * node_ms / 4)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
                            float(delay), waits, float(later[-1]))

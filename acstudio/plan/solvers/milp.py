@@ -292,7 +292,7 @@ class _Copies:
         run = rg.run_ms
         self.start = np.cumsum(run) - run
         end = self.start + run
-        self.took = rg.bytes / (ctx.profile.link.duplex_rate * 1e6)  # ms per copy (GB/s is 1e6 bytes per ms)
+        self.took = ctx.profile.link.copy_ms(rg.bytes)  # ms per copy, as the simulator prices it
         ready_end = np.where(facts.ready >= 0, end[np.maximum(facts.ready, 0)], 0.0)
         self.ready_end = ready_end
         self.release = np.clip(np.searchsorted(self.start, ready_end + self.took, side="left"), rg.last_fw + 1,

@@ -485,9 +485,12 @@ class OffloadPreview:
 
     plans: list[Plan]  # the Pareto front: peaks rising, extra time falling
 
+    def __post_init__(self) -> None:
+        self._peaks = [p.predicted_peak_bytes for p in self.plans]  # a slider step only bisects them
+
     def plan_for_budget(self, budget_bytes: int) -> Plan | None:
         """The fastest plan whose predicted peak fits ``budget_bytes``, judged against it (None if none fits)."""
-        i = bisect.bisect_right([p.predicted_peak_bytes for p in self.plans], budget_bytes)
+        i = bisect.bisect_right(self._peaks, budget_bytes)
         return dataclasses.replace(self.plans[i - 1], budget_bytes=budget_bytes) if i else None
 
 
@@ -510,12 +513,18 @@ def offload_preview(ctx: PlanContext, progress: ProgressFn | None = None, cancel
         for j in sorted(len(path._picks) if j is None else j for j in starts):
             found.append(offload_onto(ctx, budget, ctx.host_memory, path._picks[:j], path._picks[j:], cancel))
     report(progress, budgets, budgets, "offload preview: done")
-    front: list[Plan] = []
-    for plan in sorted((p for p in found if p is not None),
-                       key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms)):
-        if not front or plan.predicted_extra_ms < front[-1].predicted_extra_ms:
-            front.append(plan)
-    return OffloadPreview(front)
+    return OffloadPreview(pareto_front([p for p in found if p is not None],
+                                       key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms)))
+
+
+def pareto_front(points: list, key=lambda p: (p[0], p[1])) -> list:
+    """The points that no other point beats in both peak and extra time (``key``: a point's (peak, extra time)),
+    by increasing peak."""
+    front = []
+    for p in sorted(points, key=key):
+        if not front or key(p)[1] < key(front[-1])[1]:
+            front.append(p)
+    return front
 
 
 def _priced(ctx: PlanContext, budget: int, recomputed: list[int], offloaded: list[int],

@@ -14,7 +14,7 @@ from acstudio.plan.solvers.auto import NAME as AUTO
 from acstudio.plan.solvers.auto import auto_plan
 from acstudio.plan.solvers.milp_bound import NAME as MILP_BOUND
 from acstudio.plan.solvers.milp_bound import bounded_plan
-from acstudio.plan.solvers.mutwo import Trajectory, trajectory
+from acstudio.plan.solvers.mutwo import Trajectory, pareto_front, trajectory
 from acstudio.plan.solvers.registry import SOLVERS, get_solver
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import Simulator
@@ -56,15 +56,6 @@ def sweep(profile: Profile, solvers: Collection[str] | None = None, simulator: S
     if programs:
         rows.extend(_program_rows(ctx, trajectory(ctx, progress, cancel), milp_points, solvers, milp_time_s, cancel))
     return pd.DataFrame(rows)
-
-
-def pareto_front(points: list[tuple]) -> list[tuple]:
-    """The points (peak first, extra time second) that no other point beats in both, by increasing peak."""
-    front = []
-    for p in sorted(points, key=lambda p: (p[0], p[1])):
-        if not front or p[1] < front[-1][1]:
-            front.append(p)
-    return front
 
 
 def _program_rows(ctx: PlanContext, traj: Trajectory, milp_points: int, solvers: Collection[str], time_s: float,
