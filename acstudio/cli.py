@@ -356,15 +356,38 @@ def cmd_bench(args) -> int:
     spec = dataclasses.replace(_spec(args), seed=args.seed)
     resolve_device(args.device)  # here, not in every configuration's process
     outputs = Outputs([_model_file(args.model)]).add(args.out, BENCH_FOLDER)
+    stopped = None
     with outputs.writing():
-        results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
-                            [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
-                            progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
-                            warmup=args.warmup, iters=args.iters, max_batch=args.max_batch, timeout_s=args.timeout,
-                            compile_backend=args.compile_backend, nproc=args.nproc)
+        try:
+            results = run_bench(spec, _int_list(args.batch_sizes), args.configs.split(","),
+                                [b for b in args.budgets.split(",") if b], device=args.device, out_dir=args.out,
+                                progress=TerminalProgress(), cancel=args.cancel, fit_budget=args.fit_budget,
+                                warmup=args.warmup, iters=args.iters, max_batch=args.max_batch,
+                                timeout_s=args.timeout, compile_backend=args.compile_backend, nproc=args.nproc)
+        except (Cancelled, KeyboardInterrupt) as exc:
+            # a long bench stopped by `timeout` or Ctrl-C keeps the rows it measured (saved after each one):
+            # minutes of GPU time are not thrown away with the row that was running
+            args.cancel.cancel()
+            results = _measured_so_far(args.out)
+            if results is None:
+                raise
+            stopped = exc
     print(results.summary())
+    if stopped is not None:
+        raise Cancelled(f"bench stopped; the {len(results.rows)} rows it measured are kept in {args.out}")
     print(f"results in {args.out} (bench.json, bench.csv, summary.md); plots: acstudio bench-plot {args.out}")
     return 0
+
+
+def _measured_so_far(out: str):
+    """The results a stopped bench saved in ``out``, or None where it measured nothing."""
+    from acstudio.bench import BenchResults
+    from acstudio.bench.results import JSON_NAME
+
+    if not os.path.isfile(os.path.join(out, JSON_NAME)):
+        return None
+    results = BenchResults.load(out)
+    return results if results.rows else None
 
 
 def cmd_bench_plot(args) -> int:

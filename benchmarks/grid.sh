@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The transformer grid: BERT (MLM), GPT-2 and a LLaMA-style decoder at sequence 512, 1024 and 2048, each shape one
 # `acstudio bench` call on one H200, our plans against the strongest peers at those peers' measured peaks.
-# Usage: PYTHONPATH=. benchmarks/grid.sh SHAPE|all|list [OUT_DIR]
+# Usage: PYTHONPATH=. benchmarks/grid.sh SHAPE|all|list [OUT_DIR] [eager|compiled]
 #   SHAPE: one of `benchmarks/grid.sh list`, so that one device call (10 minutes at most) runs one shape;
 #   all: every shape in turn. OUT_DIR defaults to results/; each shape writes OUT_DIR/grid/SHAPE.json.
+#   eager|compiled: only the eager rows or only the compiled ones, into OUT_DIR/grid/SHAPE.eager.json or
+#   SHAPE.compiled.json, for a shape too slow for one device call (each part profiles the shape on its own).
 # Rerun it whenever the planner, the simulator or the compiled model changes.
 #
 # Batch sizes aim eager at 15-60 GB on an H200 (about 25-33 GiB, the middle). They are estimated from the committed
@@ -24,8 +26,15 @@ export PYTHONUNBUFFERED=1
 # their measured peaks. eager is measured too, to check the batch's memory, and captured (the captured step run
 # as is), which the rewritten rows' predicted time is over; bench adds the calibration rows (compile,
 # compile+per-block) that sac+compile needs.
-rows="eager,captured,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op,compile+per-op,\
-sac+compile@compile+per-op"
+eager_rows="eager,captured,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op"
+compiled_rows="compile+per-op,sac+compile@compile+per-op"
+part=${3:-}
+case $part in
+"") rows="$eager_rows,$compiled_rows" suffix="" ;;
+eager) rows=$eager_rows suffix=".eager" ;;
+compiled) rows=$compiled_rows suffix=".compiled" ;;
+*) echo "unknown part $part: give eager or compiled, or nothing for both" >&2; exit 2 ;;
+esac
 steps="--warmup 3 --iters 8"
 # BERT-base and GPT-2 from their default configs; past their 512 / 1024 positions, the position table grows.
 bert="bert --optimizer adam"
@@ -55,8 +64,9 @@ run_shape() {  # run_shape NAME MODEL_ARGS...: one bench, bounded (GRID_TIMEOUT_
   name=$1
   shift
   mkdir -p "$out/grid"
-  timeout "${GRID_TIMEOUT_S:-560}" python3 -m acstudio bench "$@" --configs "$rows" $steps --out "/tmp/grid_$name"
-  cp "/tmp/grid_$name/bench.json" "$out/grid/$name.json"
+  # stopped by the timeout, bench keeps the rows it measured
+  timeout "${GRID_TIMEOUT_S:-560}" python3 -m acstudio bench "$@" --configs "$rows" $steps --out "/tmp/grid_$name$suffix"
+  cp "/tmp/grid_$name$suffix/bench.json" "$out/grid/$name$suffix.json"
 }
 
 case $shape in

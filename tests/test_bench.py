@@ -41,12 +41,21 @@ class Faulty(torch.nn.Module):
             raise ValueError("shape mismatch in layer 3")
         if self.fault == "exit":
             os._exit(3)
+        if self.fault == "second_process_hangs":  # the first process to run it trains; any later one hangs
+            first = os.path.join(os.path.dirname(__file__), "first_process")
+            if not os.path.exists(first):
+                with open(first, "w") as f:
+                    f.write(str(os.getpid()))
+            with open(first) as f:
+                if f.read() == str(os.getpid()):
+                    return self.lin(x)
         time.sleep(60)
 
 def make(fault):
     return lambda batch_size: (Faulty(fault), torch.randn(batch_size, 4), lambda m, b: m(b).sum())
 
 oom, error, exit, hang = make("oom"), make("error"), make("exit"), make("hang")
+second_process_hangs = make("second_process_hangs")
 '''
 
 
@@ -539,3 +548,25 @@ def test_sigterm_ends_bench_like_ctrl_c_and_kills_its_worker(faulty, tmp_path):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "cancelled" in err
     assert not workers() and not out.exists()
+
+
+def test_sigterm_keeps_the_rows_bench_measured(faulty, tmp_path):
+    """A bench stopped by `timeout` after some rows keeps them (bench.json, csv, summary) and says so; only the
+    row it was running is lost."""
+    out = tmp_path / "stopped"
+    spec = faulty("second_process_hangs")
+    proc = subprocess.Popen([sys.executable, "-m", "acstudio", "bench", spec.model, "-b", "2", "--device", "cpu",
+                             "--configs", "eager,per-block", "--warmup", "1", "--iters", "3", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "bench.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (out / "bench.json").exists(), "the first row never finished"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    stdout, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "the 1 rows it measured are kept" in err and str(out) in err
+    kept = BenchResults.load(out)
+    assert [(r["config"], r["status"]) for r in kept.rows] == [("eager", "ok")]
+    assert (out / "bench.csv").exists() and "eager" in stdout
