@@ -22,6 +22,27 @@ TINY_GPT2 = ("n_layer=2", "n_embd=32", "n_head=2", "vocab_size=120", "n_position
 TINY_LLAMA = ("num_hidden_layers=2", "hidden_size=32", "num_attention_heads=2", "num_key_value_heads=2",
               "intermediate_size=64", "vocab_size=120", "max_position_embeddings=64")
 
+# A factory file's text: a small CNN whose activations outweigh its parameters, so checkpointing has something to
+# do, and that a worker process builds without importing transformers.
+TINY_CNN = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def make(batch_size):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    batch = (torch.randn(batch_size, 3, 24, 24), torch.randint(0, 10, (batch_size,)))
+
+    def loss_fn(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    return model, batch, loss_fn
+"""
+
 
 def tiny_spec(model: str, **kw):
     from acstudio.workload import WorkloadSpec
