@@ -4,6 +4,11 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # `auto` may spend up to 10 s per budget in its shared-chain program; the tests of everything else plan without it
 # (subprocesses inherit this), and tests/test_solvers.py turns it back on where it is the subject.
 os.environ["ACSTUDIO_AUTO_MILP_SECONDS"] = "0"
+# One intra-op thread for torch, here and in the processes the tests start (set before torch is imported): the
+# tiny models' ops gain nothing from a second one, and OpenMP's threads wait for each other at every op, so
+# whenever the two cores are shared (a GUI job's thread, a bench worker, anything else on the machine) each op
+# waits for a thread that is not running and a test takes many times longer.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
