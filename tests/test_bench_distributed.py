@@ -7,6 +7,8 @@ import pytest
 from conftest import tiny_spec
 
 from acstudio.bench import run_bench
+from acstudio.bench.runner import profile_key
+from acstudio.bench.worker import run_config
 from acstudio.errors import ACStudioError
 from acstudio.profile.model import Profile
 from acstudio.simulate.sharding import per_rank_profile, static_bytes
@@ -22,13 +24,16 @@ SAC = "fsdp+sac+compile@60%"
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Tiny GPT-2 (tied weights) under FSDP2 and DDP on 2 gloo ranks of batch 2 (and our plan with its blocks
-    compiled, backend aot_eager, under FSDP2), and one process of batch 4."""
+    compiled, backend aot_eager, under FSDP2), and one process of batch 4 (this one: the bench worker's own
+    function), and the profile of batch 2 that the plan's worker measured."""
     out = tmp_path_factory.mktemp("dist")
     spec = tiny_spec("gpt2", config=(*tiny_spec("gpt2").config, *NO_DROPOUT))
     ranks = run_bench(spec, [2], ["fsdp", "ddp", SAC], device="cpu", out_dir=out / "ranks", warmup=1, iters=3,
                       nproc=2, compile_backend="aot_eager")
-    single = run_bench(spec, [4], ["eager"], device="cpu", out_dir=out / "single", warmup=1, iters=3)
-    return spec, {r["config"]: r for r in ranks.rows + single.rows}
+    single = run_config({"spec": spec.with_batch_size(4).to_dict(), "config": "eager", "device": "cpu",
+                         "warmup": 1, "iters": 3})
+    profile = Profile.load(out / "ranks" / "profiles" / f"{profile_key(spec.with_batch_size(2), 'cpu')}.json.gz")
+    return profile, {r["config"]: r for r in [*ranks.rows, single]}
 
 
 def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
@@ -48,10 +53,7 @@ def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
 
 
 def test_measured_rank_state_matches_the_per_rank_prediction(two_ranks):
-    from acstudio.profiler import profile_workload
-
-    spec, rows = two_ranks
-    profile = profile_workload(spec.with_batch_size(2), "cpu")
+    profile, rows = two_ranks
     single = static_bytes(profile)
     for config in ("fsdp", "ddp"):
         predicted = static_bytes(per_rank_profile(profile, 2, config))

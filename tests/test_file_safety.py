@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import TINY_GPT2
+from conftest import TINY_CNN
 
 from acstudio.cli import main
 from acstudio.plan.solvers import plan as make_plan
@@ -531,8 +531,10 @@ def test_bench_run_again_into_its_earlier_folder_starts_afresh(tmp_path, monkeyp
     import acstudio.bench
 
     out = tmp_path / "bench"
-    tiny_gpt2 = [arg for pair in TINY_GPT2 for arg in ("--config", pair)]
-    command = ["bench", "gpt2", *tiny_gpt2, "--seq-len", "16", "-b", "2", "--device", "cpu", "--configs",
+    model = tmp_path / "models" / "tiny_cnn.py"  # its workers import no transformers: seconds less each
+    model.parent.mkdir()
+    model.write_text(TINY_CNN)
+    command = ["bench", f"{model}:make", "-b", "2", "--device", "cpu", "--configs",
                "eager,rewritten@90%,sac@90%", "--warmup", "1", "--iters", "3", "--out", str(out)]
     assert main(command) == 0
     first = json.loads((out / "bench.json").read_text())
@@ -540,7 +542,7 @@ def test_bench_run_again_into_its_earlier_folder_starts_afresh(tmp_path, monkeyp
     again = json.loads((out / "bench.json").read_text())
     assert [r["status"] for r in again["rows"]] == ["ok", "ok", "ok"]
     assert again["meta"]["created"] != first["meta"]["created"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]  # the earlier folder was dropped
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench", "models"]  # the earlier folder was dropped
 
     def fails_halfway(spec, batch_sizes, configs, budgets, *, out_dir, **kwargs):
         Path(out_dir, "workers").mkdir(parents=True)
@@ -549,4 +551,4 @@ def test_bench_run_again_into_its_earlier_folder_starts_afresh(tmp_path, monkeyp
     monkeypatch.setattr(acstudio.bench, "run_bench", fails_halfway)
     assert main(command) == 2
     assert json.loads((out / "bench.json").read_text()) == again  # put back as it was
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench", "models"]

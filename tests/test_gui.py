@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY_CNN
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QDockWidget
@@ -37,27 +38,6 @@ WAIT_MS = 60_000
 
 make_singletons_immortal()  # PySide6 drops references to None/True on Python 3.11 (see acstudio.gui.qtcompat)
 
-# A small CNN whose activations outweigh its parameters, so checkpointing has something to do.
-FACTORY = '''
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-def make(batch_size):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
-    batch = (torch.randn(batch_size, 3, 24, 24), torch.randint(0, 10, (batch_size,)))
-
-    def loss_fn(model, batch):
-        return F.cross_entropy(model(batch[0]), batch[1])
-
-    return model, batch, loss_fn
-'''
-
-
 class Recorder(Messages):
     """Collects what would have been message boxes."""
 
@@ -76,7 +56,7 @@ class Recorder(Messages):
 @pytest.fixture(scope="session")
 def factory_ref(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "tiny_cnn.py"
-    path.write_text(FACTORY)
+    path.write_text(TINY_CNN)
     return f"{path}:make"
 
 

@@ -232,10 +232,12 @@ def test_the_resting_plan_offloads_on_a_gpu_and_never_on_a_cpu(loaded, gpu_loade
     gpu.set_loaded(gpu_loaded)
     cpu.set_loaded(loaded)
     assert gpu.budget == cpu.budget  # the same graph and budget: only the device differs
-    # the slider's preview is a lookup among plans made once (μ-TWO's trajectory and plans that offload); the
-    # resting plan weighs offload for this very budget
+    # the slider's preview is a lookup among plans made once: at opening μ-TWO's trajectory, which recomputes only
+    # (the plans that offload are made once the first plan is on show); the resting plan weighs offload for this
+    # very budget
     preview, rested = seen["plan"]
-    assert not preview.complete and preview.plan.offloaded and preview.plan.predicted_peak_bytes <= gpu.budget
+    assert not preview.complete and not preview.plan.offloaded and preview.plan.predicted_peak_bytes <= gpu.budget
+    assert gpu.offload_preview.plans and cpu.offload_preview is None
     plan, sim = rested.plan, rested.sim
     assert plan.predicted_extra_ms <= preview.plan.predicted_extra_ms
     assert plan.offloaded and plan.feasible and plan.copies_hidden
@@ -458,12 +460,13 @@ def test_a_slider_step_previews_offload_by_lookup_where_the_resting_plan_offload
     panel = BudgetPanel(session, ("auto", "mutwo"))
     qtbot.addWidget(panel)
     session.set_loaded(gpu_loaded)
+    assert session.offload_preview is None  # made once the first plan is on show
+    jobs.run()
     front = session.offload_preview.plans
     assert front and all(plan.offloaded for plan in front)
     # a Pareto front: each looser plan is faster, so the fastest plan that fits a budget is the loosest that fits
     assert all(a.predicted_peak_bytes < b.predicted_peak_bytes and a.predicted_extra_ms > b.predicted_extra_ms
                for a, b in itertools.pairwise(front))
-    jobs.run()
     # from here on, count every planning call: a slider step makes none
     def counting(name, make):
         def made(*args, **kwargs):
@@ -506,9 +509,123 @@ def test_offload_plans_of_a_profile_no_longer_open_are_dropped(loaded, gpu_loade
     asked: list[tuple[str, object]] = []  # (job name, what takes its answer)
     session.jobs.submit = lambda name, fn, on_result, on_error, delay_ms=0: asked.append((name, on_result))
     session.set_loaded(loaded)  # a CPU profile: nothing offloads, so no offload plans are asked for
+    asked[0][1]((loaded.trajectory.plan_for_budget(session.budget), None))  # not even once its first plan is in
     assert [name for name, _ in asked] == ["plan"]
     session.set_loaded(gpu_loaded)
-    assert [name for name, _ in asked[1:]] == [OFFLOAD_PREVIEW_JOB, "plan"]
+    assert [name for name, _ in asked[1:]] == ["plan"]  # the offload plans wait for the first plan
+    asked[1][1]((gpu_loaded.trajectory.plan_for_budget(session.budget), None))
+    assert [name for name, _ in asked[1:]] == ["plan", OFFLOAD_PREVIEW_JOB]
     session.set_loaded(loaded)
-    asked[1][1](object())  # the GPU profile's offload plans arrive after another profile opened: dropped
+    asked[2][1](object())  # the GPU profile's offload plans arrive after another profile opened: dropped
     assert session.offload_preview is None
+
+
+def test_the_offload_preview_starts_after_the_first_plan_and_is_then_looked_up(qtbot, gpu_loaded):
+    """In the app the jobs run in threads: the plans that offload are made only once the profile's first plan is on
+    show (beside it, they would share the cores and that plan would come late); until then a slider step previews
+    recompute-only and says so, and once they arrive the preview on show is looked up again, with them."""
+    import threading
+
+    from acstudio.gui.budget_panel import BudgetPanel
+    from acstudio.gui.jobs import QtJobs
+    from acstudio.views.session import OFFLOAD_PREVIEW_JOB, PREVIEW_RECOMPUTE_ONLY
+
+    log: list[tuple[str, str]] = []  # ("submit" | "start" | "end", job name), and ("shown", "complete plan")
+    # the offload preview, and every plan after the first, wait until the test lets them run
+    gates = {OFFLOAD_PREVIEW_JOB: threading.Event(), "plan": threading.Event()}
+
+    class LoggedJobs(QtJobs):
+        def submit(self, name, fn, on_result, on_error, delay_ms=0):
+            gate = gates[name] if name == OFFLOAD_PREVIEW_JOB or ("submit", name) in log else None
+
+            def logged(progress, cancel):
+                log.append(("start", name))
+                if gate is not None:
+                    gate.wait(30)
+                try:
+                    return fn(progress, cancel)
+                finally:
+                    log.append(("end", name))
+
+            log.append(("submit", name))
+            super().submit(name, logged, on_result, on_error, delay_ms)
+
+    session = Session(LoggedJobs())
+    panel = BudgetPanel(session, ("auto", "mutwo"))
+    qtbot.addWidget(panel)
+    session.events.plan.connect(lambda state: state.complete and log.append(("shown", "complete plan")))
+    try:
+        session.set_loaded(gpu_loaded)
+        qtbot.waitUntil(lambda: ("start", OFFLOAD_PREVIEW_JOB) in log, timeout=30_000)
+        # the first plan was made alone and shown before the offload preview was even asked for
+        assert log == [("submit", "plan"), ("start", "plan"), ("end", "plan"), ("shown", "complete plan"),
+                       ("submit", OFFLOAD_PREVIEW_JOB), ("start", OFFLOAD_PREVIEW_JOB)]
+        assert session.state.plan.offloaded  # the resting plan weighed offload all the same
+        # while the offload plans are being made, a slider step previews the trajectory's plan and says so
+        near_floor = session.floor_bytes + 1
+        session.set_budget(near_floor)
+        recompute_only = session.state
+        assert not recompute_only.plan.offloaded and recompute_only.note == PREVIEW_RECOMPUTE_ONLY
+        assert panel.preview_label.text() == PREVIEW_RECOMPUTE_ONLY
+        qtbot.waitUntil(lambda: log.count(("start", "plan")) == 2, timeout=30_000)  # this budget's plan waits
+        gates[OFFLOAD_PREVIEW_JOB].set()
+        qtbot.waitUntil(lambda: session.offload_preview is not None, timeout=30_000)
+        # the preview on show is looked up again: a precomputed plan that offloads, fits and is faster
+        looked_up = session.state
+        assert not looked_up.complete and looked_up.plan.offloaded
+        assert looked_up.plan.predicted_peak_bytes <= near_floor
+        assert looked_up.plan.predicted_extra_ms < recompute_only.plan.predicted_extra_ms
+        assert looked_up.note.startswith("preview: a precomputed plan") and panel.preview_label.text() == looked_up.note
+        gates["plan"].set()
+        qtbot.waitUntil(lambda: session.state.complete, timeout=30_000)
+        assert session.state.plan.predicted_extra_ms <= looked_up.plan.predicted_extra_ms
+        assert panel.preview_label.text() == ""
+    finally:
+        for gate in gates.values():
+            gate.set()
+        session.shutdown()
+
+
+def test_the_preview_says_recompute_only_exactly_where_no_plan_that_offloads_fits_and_is_faster(qtbot, gpu_loaded):
+    """Below the first budget the offload preview planned for, its plan for that budget (which peaks lower) still
+    answers; the label says "recompute only" only where no plan that offloads (precomputed, or made before) fits
+    and beats the trajectory's: on the transformer samples, below the preview's lowest peak, some way above the
+    floor (here: the same preview without its lowest plan)."""
+    from acstudio.gui.budget_panel import BudgetPanel
+    from acstudio.plan.solvers.mutwo import OffloadPreview
+    from acstudio.views.session import PREVIEW_RECOMPUTE_ONLY
+
+    jobs = HeldJobs()
+    session = Session(jobs)
+    panel = BudgetPanel(session, ("auto", "mutwo"))
+    qtbot.addWidget(panel)
+    session.set_loaded(gpu_loaded)
+    jobs.run()  # the first plan, which asks for the offload preview
+    rested = session.state.plan
+    jobs.run()
+    front = session.offload_preview.plans
+    floor, top = session.floor_bytes, session.baseline_bytes
+    first = min(plan.budget_bytes for plan in front)
+    assert floor < first and front[0].predicted_peak_bytes < first
+    budgets = [(floor + first) // 2, *np.linspace(floor, top, 24).astype(int)[:-1].tolist()]
+    recompute_only = []
+    for precomputed in (front, front[1:]):
+        session.offload_preview = OffloadPreview(precomputed)
+        for budget in budgets:
+            session.set_budget(budget)
+            state, trajectory_plan = session.state, gpu_loaded.trajectory.plan_for_budget(budget)
+            assert not state.complete and panel.preview_label.text() == state.note
+            fitting = [plan for plan in (rested, *precomputed)  # the plan made before wins a tie, as in the session
+                       if plan.predicted_peak_bytes <= budget
+                       and plan.predicted_extra_ms < trajectory_plan.predicted_extra_ms]
+            if not fitting:
+                assert state.note == PREVIEW_RECOMPUTE_ONLY and state.plan == trajectory_plan
+                recompute_only.append(budget)
+                continue
+            fastest = min(fitting, key=lambda plan: plan.predicted_extra_ms)
+            made = "the plan made for" if fastest is rested else "a precomputed plan"
+            assert state.note.startswith(f"preview: {made}") and state.plan.offloaded == fastest.offloaded
+            assert state.plan.predicted_extra_ms == fastest.predicted_extra_ms and state.plan.budget_bytes == budget
+        if precomputed is front:  # below the first precomputed budget, its plan answers
+            assert not recompute_only
+    assert recompute_only and max(recompute_only) < front[1].predicted_peak_bytes

@@ -11,9 +11,10 @@ A budget is answered in two moves, each made once:
    set, predicted peak, extra time and the decision of every activation (a lookup, microseconds, neither a solve
    nor a simulation), so a slider step costs one repaint. The trajectory only recomputes: planning offload takes
    hundreds of simulations, too slow for a slider step, so where the resting plan may offload, plans that offload
-   are made once per profile in a background job (:func:`offload_preview`, at a grid of budgets) and the preview
-   is the fastest of the trajectory's plan, those, and the plans made before, whose predicted peak fits this
-   budget (a plan for a tighter budget fits a looser one); it says which it is (:attr:`PlanState.note`);
+   are made once per profile in a background job (:func:`offload_preview`, at a grid of budgets, started once the
+   profile's first plan is on show, so as not to delay it) and the preview is the fastest of the trajectory's
+   plan, those, and the plans made before, whose predicted peak fits this budget (a plan for a tighter budget fits
+   a looser one); it says which it is (:attr:`PlanState.note`);
 2. when the budget rests, *one* background job makes the plan and simulates its timeline: for a solver that
    answers instantly, μ-TWO's best plan for the budget (the preview, or its shared-chain form where that is
    faster: tens of simulations, a tenth of a second, too slow for every slider step; on a GPU also its plan
@@ -196,6 +197,7 @@ class Session:
         self._request: tuple[str, int] | None = None  # (solver, budget) the current plan answers
         self._plans: OrderedDict[tuple[str, int], tuple[Plan, SimResult]] = OrderedDict()
         self.offload_preview: OffloadPreview | None = None  # plans that offload, for the preview to look up
+        self._offload_preview_waits = False  # they are made once the profile's first plan is on show
 
     # -- profile ---------------------------------------------------------------------------------------------
     def set_loaded(self, loaded: Loaded) -> None:
@@ -213,12 +215,19 @@ class Session:
         floor, top = self.floor_bytes, self.baseline_bytes
         self.solver = DEFAULT_SOLVER
         self.events.solver.emit(self.solver)
-        if loaded.ctx.may_offload:
-            self.jobs.submit(OFFLOAD_PREVIEW_JOB, partial(offload_preview, loaded.ctx),
-                             partial(self._on_offload_preview, loaded), self.events.failed.emit)
-        else:
-            self.jobs.cancel(OFFLOAD_PREVIEW_JOB)
+        self.jobs.cancel(OFFLOAD_PREVIEW_JOB)
+        self._offload_preview_waits = loaded.ctx.may_offload
         self.set_budget(top if floor >= top else (floor + top) // 2)
+
+    def _start_offload_preview(self) -> None:
+        """Make the plans that offload for the preview to look up, once the profile's first plan is on show: made
+        beside it, they would share the cores with it and the plan the user opened the profile for would come
+        late; until they are made, the preview recomputes only and says so."""
+        if not self._offload_preview_waits:
+            return
+        self._offload_preview_waits = False
+        self.jobs.submit(OFFLOAD_PREVIEW_JOB, partial(offload_preview, self.loaded.ctx),
+                         partial(self._on_offload_preview, self.loaded), self.events.failed.emit)
 
     def _on_offload_preview(self, loaded: Loaded, preview: OffloadPreview) -> None:
         """The offload plans for ``loaded`` are made: a preview on show is looked up again, with them."""
@@ -324,6 +333,7 @@ class Session:
         while len(self._plans) > CACHE_PLANS:
             self._plans.popitem(last=False)
         self._show(*result)
+        self._start_offload_preview()
 
     def show_plan(self, plan: Plan) -> None:
         """Make ``plan`` (opened from a file) the current one: its solver and budget follow, its timeline is
@@ -336,8 +346,12 @@ class Session:
         self.set_budget(plan.budget_bytes, final=False)
         self._request = (plan.solver, plan.budget_bytes)
         self._show(plan, None)
-        self.jobs.submit(PLAN_JOB, partial(simulate, self.loaded, plan), lambda result: self._show(*result),
+        self.jobs.submit(PLAN_JOB, partial(simulate, self.loaded, plan), self._on_simulated,
                          self.events.failed.emit, delay_ms=SIMULATE_AFTER_MS)
+
+    def _on_simulated(self, result: tuple[Plan, SimResult]) -> None:
+        self._show(*result)
+        self._start_offload_preview()
 
     def _show(self, plan: Plan, sim: SimResult | None, note: str = "") -> None:
         self.state = PlanState(plan=plan, sim=sim, decisions=plan.decisions(self.loaded.profile), note=note)
