@@ -131,6 +131,16 @@ def test_a_compiled_plans_predicted_time_is_checked_against_plain_compile_of_its
     assert "+8.0 ms vs fsdp+compile, predicted +14.6" in BenchResults(meta={}, rows=rows).summary()
 
 
+def test_a_rewritten_plans_predicted_time_is_checked_against_the_captured_step():
+    """A rewritten step's plan predicts its extra time over the captured step it rewrites, not over eager."""
+    rows = [row("eager", 8, 40.0, 6000), row("captured", 8, 41.0, 6000), row("rewritten@per-block", 8, 47.5, 3000),
+            row("per-block", 8, 60.0, 3100)]
+    rows[2]["details"] = {"plan": {"predicted_extra_ms": 6.1, "predicted_peak_bytes": 2990}, "budget_bytes": 3100}
+    plan_row = {r["config"]: r for r in compare(rows)}["rewritten@per-block"]
+    assert plan_row["overhead_ms"] == pytest.approx(6.5) and plan_row["predicted_overhead_ms"] == 6.1
+    assert "+6.5 ms vs captured, predicted +6.1" in BenchResults(meta={}, rows=rows).summary()
+
+
 @pytest.mark.parametrize(("start", "limit"), [(1, 64), (4, 100), (48, 1000)])
 def test_max_batch_search_finds_the_largest_fitting_batch(start, limit):
     for threshold in [0, 1, 2, 3, 5, 47, 48, 63, 64, 65, 99, 100, 999, 5000]:

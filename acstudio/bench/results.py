@@ -71,6 +71,12 @@ def plain_compile(row: dict[str, Any]) -> str:
     return f"{row['parallel']}+compile" if row.get("parallel") else "compile"
 
 
+def prediction_base(row: dict[str, Any]) -> str:
+    """The configuration a plan's predicted extra time is over: plain compile for a compiled plan, the row's own
+    baseline (the captured step, for a rewritten one) otherwise."""
+    return plain_compile(row) if "compile" in row["kind"] else row.get("baseline") or ""
+
+
 # Loss parity against the reference row at the same batch size: eager for an uncompiled row, plain compile for a
 # compiled one (compiled dropout draws from inductor's generator, not eager's, so only another compiled row can
 # reproduce its losses), each under the same parallelism (the plain fsdp/ddp row). Relative bounds on the first
@@ -166,11 +172,14 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r["predicted_peak_mib"] = None if predicted is None else predicted / MiB
         r["peak_error_pct"] = _pct(peak, predicted) if peak is not None and predicted else None
         r["fits_budget"] = None if peak is None or budget is None else peak <= budget
-        # a compiled plan priced at calibrated compiled replay times predicts its time over plain compile
-        compiled_ms = plan.get("compiled_extra_ms")
-        plain = ok.get((r["batch_size"], plain_compile(r)))
-        r["predicted_overhead_ms"] = compiled_ms
-        r["overhead_ms"] = mine - plain["time_ms_median"] if compiled_ms is not None and plain and mine else None
+        # a plan's predicted time is over the step it changes: plain compile's for a compiled plan (priced at
+        # calibrated compiled replay times), the captured step's for a rewritten one
+        predicted_ms, over = plan.get("compiled_extra_ms"), prediction_base(r)
+        if predicted_ms is None and r["kind"] == "rewritten":
+            predicted_ms = plan.get("predicted_extra_ms")
+        base_row = ok.get((r["batch_size"], over))
+        r["predicted_overhead_ms"] = predicted_ms
+        r["overhead_ms"] = mine - base_row["time_ms_median"] if predicted_ms is not None and base_row and mine else None
         reference = ok.get((r["batch_size"], parity_reference(r))) if r.get("status") == "ok" else None
         r["loss_check"] = loss_parity(r, reference) if reference else None
         r["loss_parity"] = parity_text(r["loss_check"]) or None
@@ -253,7 +262,7 @@ class BenchResults:
                 plan = (f"{r['budget_mib']:.0f} MiB ({'fits' if r['fits_budget'] else 'OVER'}), "
                         f"predicted {r['predicted_peak_mib']:.0f} MiB")
             if r["overhead_ms"] is not None:
-                plan += (f"; {r['overhead_ms']:+.1f} ms vs {plain_compile(r)}, "
+                plan += (f"; {r['overhead_ms']:+.1f} ms vs {prediction_base(r)}, "
                          f"predicted {r['predicted_overhead_ms']:+.1f}")
             lines.append(f"| {r['batch_size']} | {r['config']} | ok | {peak} | {r['time_ms_median']:.1f} "
                          f"({r['time_ms_iqr']:.1f}) | {over} | {mem} | {plan} | {r['loss_parity'] or ''} |")
