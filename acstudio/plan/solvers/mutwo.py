@@ -506,7 +506,8 @@ def offload_preview(ctx: PlanContext, progress: ProgressFn | None = None, cancel
     path = trajectory(ctx, cancel=cancel)
     floor, top = ctx.floor_bytes, ctx.sim.baseline_peak
     found: list[Plan] = []
-    for i, budget in enumerate(np.linspace(top, floor, budgets, endpoint=False)[1:].astype(np.int64).tolist()):
+    # the floor itself is a budget: below the lowest one planned, the preview has nothing but recompute-only plans
+    for i, budget in enumerate(np.linspace(top, floor, budgets)[1:].astype(np.int64).tolist()):
         check(cancel)
         report(progress, i, budgets, f"offload preview: planning for {format_bytes(budget)}")
         starts = {path.step_for_budget(int(budget + share * (top - budget))) for share in OFFLOAD_PREVIEW_SHARES}
