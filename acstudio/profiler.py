@@ -10,7 +10,6 @@ measured peak is the peak of the real step.
 from __future__ import annotations
 
 import gc
-import os
 import platform
 import statistics
 import sys
@@ -18,7 +17,6 @@ import time
 import warnings
 from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 import torch.fx as fx
@@ -27,6 +25,7 @@ from acstudio.capture import CapturedStep, capture_step
 from acstudio.capture.analysis import GraphAnalysis, analyze
 from acstudio.capture.serialize import serialize_step
 from acstudio.errors import ACStudioError, Cancelled, DeviceError, OutOfMemoryError
+from acstudio.hostcopy import OffloadRuntime, host_available_bytes
 from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.profile.model import HostLink, Profile
 from acstudio.profile.vocabulary import CATEGORIES
@@ -279,45 +278,6 @@ LATENCY_PROBE_BYTES = 4096
 LATENCY_PROBE_HOLD_CYCLES = 20_000_000  # GPU clock cycles the compute stream spins while the copies are issued
 
 
-def host_available_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Host memory available to a new allocation without swapping (Linux ``MemAvailable``; elsewhere the free
-    physical pages), or None where neither can be read; inside a container with a memory limit, no more than the
-    room left under that limit, since the kernel kills a process there before the host runs short."""
-    free = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    free = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if free is None:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, ValueError, OSError):
-            pass
-    room = cgroup_room_bytes(cgroup_root)
-    if room is None:
-        return free
-    return room if free is None else min(free, room)
-
-
-def cgroup_room_bytes(root: Path) -> int | None:
-    """The memory left under this process's cgroup limit (cgroup v2 ``memory.max`` less ``memory.current``, or
-    v1's ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``); None without a limit or where unreadable."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        try:
-            limit = (root / limit_file).read_text().strip()
-            usage = int((root / usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < 2**60:  # "max" (v2) or a page-rounded huge number (v1): no limit
-            return max(0, int(limit) - usage)
-    return None
-
-
 def measure_host_link(dev: torch.device) -> HostLink:
     """Bandwidth of pinned copies between ``dev`` and the host, each direction alone and both at once on two
     streams (the best of a few repeats, timed with CUDA events), the fixed costs of one copy on the device and on
@@ -346,34 +306,14 @@ def measure_host_link(dev: torch.device) -> HostLink:
 def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, float, float]:
     """Microseconds of one small pinned copy's fixed costs: (the time it holds its stream, the slower direction;
     the host time to issue one offloaded activation's calls, both directions; for scale, the host time to issue
-    one small op). Issued with the torch calls the rewritten step makes (:mod:`acstudio.rewrite.offload`): the copy
-    out reads the tensor's storage as bytes on a side stream that waits for the compute stream, and the compute
-    stream waits for it before freeing the tensor; the copy back allocates its buffer, waits for both streams, and
-    the compute stream waits for it before rebuilding the tensor over the buffer. The copies queue behind the
-    compute stream spinning, so that neither measurement waits for the other; the best of a few repeats."""
-    side = torch.cuda.Stream(dev)
+    one small op). Issued by the rewritten step's own :class:`~acstudio.hostcopy.OffloadRuntime`, its four calls
+    as the step's nodes make them: the copy out and the release, then the copy back and the wait. The copies queue
+    behind the compute stream spinning, so that neither measurement waits for the other; the best of a few
+    repeats."""
+    runtime = OffloadRuntime([f"probe{j}" for j in range(copies)], [nbytes] * copies)
+    runtime.ensure_pool(dev)
     device = [torch.empty(nbytes // 4, dtype=torch.float32, device=dev) for _ in range(copies)]
-    pool = torch.empty(nbytes * copies, dtype=torch.uint8, pin_memory=True)
-    host = [pool[j * nbytes:(j + 1) * nbytes] for j in range(copies)]
-    done = [torch.cuda.Event() for _ in range(copies)]
-
-    def copy_out(j: int) -> None:
-        data = torch.empty(0, dtype=torch.uint8, device=dev).set_(device[j].untyped_storage())
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            host[j][:nbytes].copy_(data, non_blocking=True)
-        done[j].record(side)
-        torch.cuda.current_stream(dev).wait_event(done[j])
-
-    def copy_back(j: int) -> None:
-        buffer = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        side.wait_event(done[j])
-        with torch.cuda.stream(side):
-            buffer.copy_(host[j][:nbytes], non_blocking=True)
-        done[j].record(side)
-        torch.cuda.current_stream(dev).wait_event(done[j])
-        torch.empty(0, dtype=torch.float32, device=dev).set_(buffer.untyped_storage(), 0, (nbytes // 4,), (1,))
+    copy_out, copy_back = offload_calls(runtime, device)
 
     def timed(issue) -> tuple[float, float]:
         on_device = on_host = float("inf")
@@ -386,8 +326,7 @@ def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, 
             for j in range(copies):
                 issue(j)
             on_host = min(on_host, (time.perf_counter() - t0) * 1e6 / copies)
-            side.wait_stream(torch.cuda.current_stream(dev))  # the end follows both streams' work (and the start)
-            end.record(side)
+            end.record()  # the compute stream has waited for every copy
             end.synchronize()
             on_device = min(on_device, start.elapsed_time(end) * 1e3 / copies)
         return on_device, on_host
@@ -395,7 +334,24 @@ def _copy_costs_us(dev: torch.device, nbytes: int, copies: int) -> tuple[float, 
     (out_device, out_host), (in_device, in_host) = timed(copy_out), timed(copy_back)
     small = device[0][:1]
     _, op_host = timed(lambda j: torch.ops.aten.add.Tensor(small, small))  # one small op as the step's code calls it
+    runtime.free_pool()
     return max(out_device, in_device), out_host + in_host, op_host
+
+
+def offload_calls(runtime: OffloadRuntime, tensors: list[torch.Tensor]
+                  ) -> tuple[Callable[[int], None], Callable[[int], torch.Tensor]]:
+    """The calls of the offloaded activation in slot ``j`` of ``runtime`` (holding ``tensors[j]``), as the
+    rewritten step's nodes make them (each node a plain function that calls one method): the copy out with its
+    release, and the copy back with its wait, which returns the tensor rebuilt over the fetched bytes."""
+
+    def copy_out(j: int) -> None:
+        runtime.to_host(j, tensors[j])
+        runtime.release(j, (tensors[j],))
+
+    def copy_back(j: int) -> torch.Tensor:
+        return runtime.wait(j, runtime.prefetch(j))[0]
+
+    return copy_out, copy_back
 
 
 def _link_rates(dev: torch.device, nbytes: int) -> tuple[float, float, float]:

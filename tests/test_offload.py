@@ -13,10 +13,12 @@ from conftest import gpu, tiny_spec
 from test_rewrite import captured, quick_profile, run_from
 
 import acstudio
+from acstudio import hostcopy
 from acstudio.capture import capture_step
 from acstudio.cli import main
 from acstudio.errors import ACStudioError, CorruptFileError
 from acstudio.export import ExportError, export, sac
+from acstudio.hostcopy import CpuOffloadWarning, HostMemoryError, pinned_bytes
 from acstudio.plan import plan as make_plan
 from acstudio.plan.loading import check_plan_derivation, load_plan
 from acstudio.plan.model import Plan
@@ -28,7 +30,6 @@ from acstudio.profiler import measure_host_link
 from acstudio.rewrite import offload as runtime_module
 from acstudio.rewrite import rewrite, rewrite_step
 from acstudio.rewrite.memory import live_bytes
-from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError
 from acstudio.simulate.modes import get_mode, simulate_plan
 from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
@@ -173,7 +174,7 @@ def test_pinned_pool_is_allocated_once_and_reused():
     with pytest.warns(CpuOffloadWarning, match="saves no memory"):
         new.run(model, optimizer, w.batch)
     pool, slots = runtime.pool, [s.data_ptr() for s in runtime.slots]
-    assert pool.numel() == runtime.pool_bytes == sum(o.bytes for o in new.offloads)
+    assert pool.data.numel() == runtime.pool_bytes == sum(o.bytes for o in new.offloads)
     for _ in range(3):
         new.run(model, optimizer, w.batch)
         assert runtime.pool is pool and [s.data_ptr() for s in runtime.slots] == slots
@@ -182,7 +183,7 @@ def test_pinned_pool_is_allocated_once_and_reused():
 def test_too_little_host_memory_is_one_line_before_the_first_step(monkeypatch):
     spec, w, opt, step, profile = captured("gpt2")
     new = rewrite_step(step, profile, [], offloaded=offloadable(Simulator(profile)))
-    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: 1024)
+    monkeypatch.setattr(hostcopy, "host_available_bytes", lambda: 1024)
     model = copy.deepcopy(w.model)
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = make_optimizer(spec.optimizer, model.parameters())
@@ -271,10 +272,10 @@ def test_cuda_copies_run_on_side_streams_into_a_pinned_pool_bitwise():
     for _ in range(3):
         got = run_from(new, w.model, opt, spec.optimizer, w.batch)
         assert all(torch.equal(a, b) for a, b in zip(got, expected))
-    assert runtime.pool.is_pinned() and runtime.streams is not None
-    first = runtime.pool.data_ptr()
+    assert runtime.pool.locked_bytes == pinned_bytes(runtime.pool_bytes) and runtime.copies is not None
+    first = runtime.pool
     run_from(new, w.model, opt, spec.optimizer, w.batch)
-    assert runtime.pool.data_ptr() == first
+    assert runtime.pool is first
 
 
 @gpu

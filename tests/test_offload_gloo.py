@@ -61,11 +61,11 @@ def rank_main(out: Path) -> None:
     from acstudio.bench.distributed import Ranks
     from acstudio.capture import capture_step
     from acstudio.capture.step import prepare_optimizer
+    from acstudio.hostcopy import CpuOffloadWarning
     from acstudio.plan import plan as make_plan
     from acstudio.plan.loading import load_plan
     from acstudio.rewrite import offload as runtime_module
     from acstudio.rewrite import rewrite, rewrite_step
-    from acstudio.rewrite.offload import CpuOffloadWarning
     from acstudio.simulate.sharding import per_rank_profile
     from acstudio.workload import build_workload
 

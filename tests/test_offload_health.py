@@ -13,13 +13,14 @@ from conftest import gpu, tiny_spec
 from test_rewrite import captured, quick_profile
 
 import acstudio
+from acstudio import hostcopy
 from acstudio.capture import capture_step
 from acstudio.cli import main
 from acstudio.export import export
+from acstudio.hostcopy import PAGE_BYTES, CpuOffloadWarning, HostMemoryError, OffloadRuntime, pinned_bytes
 from acstudio.plan.schedule import PlanContext
 from acstudio.rewrite import offload as runtime_module
 from acstudio.rewrite import rewrite_step
-from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError, OffloadRuntime, pinned_bytes
 from acstudio.simulate.simulator import Simulator
 from acstudio.workload import build_workload
 from acstudio.workload.spec import make_optimizer
@@ -132,7 +133,7 @@ def test_fifty_cuda_steps_keep_the_device_peak_and_host_memory_flat():
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     losses = train(step, model, optimizer, w.batch, after_step)
-    assert pool.made == 1 and runtime.pool.is_pinned()
+    assert pool.made == 1 and runtime.pool.locked_bytes == pinned_bytes(runtime.pool_bytes)
     assert len(set(peaks[2:])) == 1, f"device peak moved after step 2: {sorted(set(peaks[2:]))}"
     assert len(set(allocated[2:])) == 1, f"memory left allocated grew: {sorted(set(allocated[2:]))}"
     assert rss[-1] - rss[1] < 64 * 2**20, [r // 2**20 for r in rss[::10]]
@@ -159,7 +160,7 @@ def offload_plan_files(tmp_path):
 
 def test_cli_on_a_host_without_the_free_memory_says_so_in_one_line(tmp_path, capsys, monkeypatch):
     offload_plan_files(tmp_path)
-    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: 1024)
+    monkeypatch.setattr(hostcopy, "host_available_bytes", lambda: 1024)
     assert main(["verify", str(tmp_path / "profile.json"), "--plan", str(tmp_path / "plan.json")]) == 2
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
@@ -172,7 +173,7 @@ def test_cli_on_a_host_without_the_free_memory_says_so_in_one_line(tmp_path, cap
 def test_load_step_on_a_host_without_the_free_memory_refuses_before_the_first_step(tmp_path, monkeypatch):
     profile, plan = offload_plan_files(tmp_path)
     export(profile, plan, tmp_path / "out")
-    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: 1024)
+    monkeypatch.setattr(hostcopy, "host_available_bytes", lambda: 1024)
     w = build_workload(tiny_spec("gpt2"))
     before = [p.detach().clone() for p in w.model.parameters()]
     with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$"):
@@ -180,13 +181,15 @@ def test_load_step_on_a_host_without_the_free_memory_refuses_before_the_first_st
     assert all(torch.equal(a, b) for a, b in zip(before, w.model.parameters()))
 
 
-def test_pinned_pool_is_checked_at_the_size_torch_pins():
-    assert [pinned_bytes(n) for n in (1, 2, 3, 4096, 4097, 2**30, 2**30 + 1)] == [1, 2, 4, 4096, 8192, 2**30, 2**31]
+def test_pinned_pool_is_checked_at_the_pages_it_locks():
+    page = PAGE_BYTES
+    assert [pinned_bytes(n) for n in (1, page - 1, page, page + 1, 2**30 + 1)] == [page, page, page, 2 * page,
+                                                                                  2**30 + page]
 
 
 def pool_made_with_free_bytes(step, w, opt, spec, free: int, monkeypatch) -> OffloadRuntime:
     """Run one step of ``step`` with the host reporting ``free`` bytes available; returns its runtime."""
-    monkeypatch.setattr(runtime_module, "host_available_bytes", lambda: free)
+    monkeypatch.setattr(hostcopy, "host_available_bytes", lambda: free)
     model, optimizer = fresh_copy(w, opt, spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CpuOffloadWarning)
@@ -197,23 +200,19 @@ def pool_made_with_free_bytes(step, w, opt, spec, free: int, monkeypatch) -> Off
 def test_a_cpu_pool_takes_exactly_its_bytes(monkeypatch):
     spec, w, opt, step, _ = offload_and_plain(torch.device("cpu"))
     needed = getattr(step.gm, runtime_module.RUNTIME_ATTR).pool_bytes
-    assert pinned_bytes(needed) > needed, "the case needs a pool that is no power of two"
-    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$") as refused:
+    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$"):
         pool_made_with_free_bytes(step, w, opt, spec, needed - 1, monkeypatch)
-    assert "pinned as" not in str(refused.value)
-    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.numel() == needed
+    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.data.numel() == needed
 
 
 @gpu
-def test_a_cuda_pool_needs_the_pinned_bytes_torch_rounds_it_to(monkeypatch):
+def test_a_cuda_pool_needs_and_locks_the_pages_it_spans(monkeypatch):
     spec, w, opt, step, _ = offload_and_plain(torch.device("cuda"))
     pool_bytes = getattr(step.gm, runtime_module.RUNTIME_ATTR).pool_bytes
     needed = pinned_bytes(pool_bytes)
-    assert needed > pool_bytes, "the case needs a pool that is no power of two"
-    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$") as refused:
+    with pytest.raises(HostMemoryError, match=f"^{TOO_LITTLE_HOST_MEMORY}$"):
         pool_made_with_free_bytes(step, w, opt, spec, needed - 1, monkeypatch)
-    assert "(pinned as " in str(refused.value)
-    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.is_pinned()
+    assert pool_made_with_free_bytes(step, w, opt, spec, needed, monkeypatch).pool.locked_bytes == needed
 
 
 @pytest.mark.parametrize("files, expected_room", [
@@ -226,7 +225,7 @@ def test_a_cuda_pool_needs_the_pinned_bytes_torch_rounds_it_to(monkeypatch):
 def test_host_memory_counts_the_container_limit(tmp_path, files, expected_room):
     """Inside a container the kernel kills a process at its cgroup's limit, whatever the host has free: the free
     memory the pool is checked against is never above the room left under that limit."""
-    from acstudio.profiler import cgroup_room_bytes, host_available_bytes
+    from acstudio.hostcopy import cgroup_room_bytes, host_available_bytes
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,9 @@ from acstudio.export import ExportError, export, sac
 from acstudio.export import apply as apply_module
 from acstudio.export.apply import CompiledOffloadWarning, SacOffload, apply_plan
 from acstudio.fileio import write_document
+from acstudio.hostcopy import CpuOffloadWarning
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import HostLink
-from acstudio.rewrite.offload import CpuOffloadWarning
 from acstudio.simulate.modes import simulate_plan
 from acstudio.simulate.offload import offload_schedule
 from acstudio.simulate.sac import OFFLOAD, SAC_MODE, sac_blocks, simulate_sac

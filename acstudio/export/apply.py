@@ -52,9 +52,8 @@ from torch.utils.checkpoint import (
 
 from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy, offload_refusal
+from acstudio.hostcopy import CopyStreams, PageLocked, check_host_memory, storage_bytes
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
-from acstudio.profiler import host_available_bytes
-from acstudio.rewrite.offload import CpuOffloadWarning, HostMemoryError, storage_bytes
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
 # Overloads that stand for the same computation in make_fx's capture, eager and torch.compile's trace
@@ -344,9 +343,11 @@ class CompiledOffloadWarning(UserWarning):
 
 @dataclass(eq=False)
 class _HostBuffer:
-    """A host buffer of the pool with the events of the copies into it and out of it (None on a CPU device)."""
+    """A host buffer of the pool (``data``, of ``memory``: page-locked on CUDA) with the events of the copies into
+    it and out of it (None on a CPU device)."""
 
     data: torch.Tensor
+    memory: PageLocked
     out_done: torch.cuda.Event | None
     in_done: torch.cuda.Event | None
     used: bool = False  # a copy back was issued from it: the next copy into it waits for that one
@@ -395,13 +396,14 @@ class _OffloadCall:
 
 
 class SacOffload:
-    """The copies of one wrapped model's offloaded outputs (see the module): two copy streams, a pool of host
-    buffers by size (pinned on CUDA) and the block calls not yet replayed, in forward order."""
+    """The copies of one wrapped model's offloaded outputs (see the module): two copy streams per device
+    (:class:`~acstudio.hostcopy.CopyStreams`), a pool of host buffers by size (page-locked on CUDA) and the block
+    calls not yet replayed, in forward order."""
 
     def __init__(self, planned_bytes: int) -> None:
         self.planned_bytes = planned_bytes  # the policy's prediction: what the host must have free
         self.pool: dict[int, list[_HostBuffer]] = {}
-        self.streams: dict[torch.device, tuple] = {}
+        self.copies: dict[torch.device, CopyStreams] = {}
         self.pending: list[weakref.ref[_OffloadCall]] = []
         self.host_checked = False
 
@@ -411,55 +413,48 @@ class SacOffload:
         self.pending.append(weakref.ref(call))
         return call
 
-    def _check_host(self, device: torch.device) -> None:
-        """Before the first buffer: refuse a host without the free memory the policy offloads; on a CPU device
-        say that the copies save nothing."""
-        self.host_checked = True
-        free = host_available_bytes()
-        if free is not None and self.planned_bytes > free:
-            raise HostMemoryError(f"the plan offloads {self.planned_bytes / 2**30:.2f} GiB of activations but the "
-                                  f"host has only {free / 2**30:.2f} GiB free — plan with a lower --host-memory, or "
-                                  "with --no-offload")
-        if device.type != "cuda":
-            warnings.warn("this plan offloads activations but runs on a CPU device: they are copied into a host "
-                          "buffer and back, which saves no memory — run it on a GPU for the savings",
-                          CpuOffloadWarning, stacklevel=4)
-
     def _buffer(self, nbytes: int, device: torch.device) -> _HostBuffer:
         free = self.pool.get(nbytes)
         if free:
             return free.pop()
-        if not self.host_checked:
-            self._check_host(device)
-        cuda = device.type == "cuda"
-        data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
-        return _HostBuffer(data, torch.cuda.Event() if cuda else None, torch.cuda.Event() if cuda else None)
-
-    def _streams(self, device: torch.device) -> tuple:
-        if device not in self.streams:
-            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
-        return self.streams[device]
+        if not self.host_checked:  # before the first buffer, for all the policy offloads
+            self.host_checked = True
+            check_host_memory(self.planned_bytes, device)
+        memory = PageLocked(nbytes, device)
+        if device.type != "cuda":
+            return _HostBuffer(memory.data, memory, None, None)
+        if device not in self.copies:
+            self.copies[device] = CopyStreams(device)
+        return _HostBuffer(memory.data, memory, torch.cuda.Event(), torch.cuda.Event())
 
     def to_host(self, t: torch.Tensor) -> _Stored:
         """Copy ``t``'s whole storage into a host buffer; on CUDA on the copy-out stream, after the compute stream
-        (the op that made it) and the buffer's last copy back, the allocator keeping the storage until it is read."""
+        (the op that made it) and the buffer's last copy back, the allocator keeping the storage until it is read
+        (``record_stream``: the tensor is dropped wherever autograd drops it, with no event to wait for)."""
         data = storage_bytes(t)
-        host = self._buffer(data.numel(), t.device)
+        n = data.numel()
+        device = t.device
+        host = self._buffer(n, device)
         if host.out_done is None:
             host.data.copy_(data)
-            return _Stored(host, data.numel(), t.device)
-        out_stream = self._streams(t.device)[0]
-        out_stream.wait_stream(torch.cuda.current_stream(t.device))
+            return _Stored(host, n, device)
+        copies = self.copies[device]
+        compute = torch.cuda.current_stream(device)
+        copies.issued.record(compute)
+        out_stream = copies.out_stream
+        out_stream.wait_event(copies.issued)
         if host.used:
             out_stream.wait_event(host.in_done)
-        with torch.cuda.stream(out_stream):
-            host.data.copy_(data, non_blocking=True)
+        torch.cuda.set_stream(out_stream)
+        host.data.copy_(data, non_blocking=True)
+        torch.cuda.set_stream(compute)
         host.out_done.record(out_stream)
         data.record_stream(out_stream)
-        return _Stored(host, data.numel(), t.device)
+        return _Stored(host, n, device)
 
     def fetch(self, stored: _Stored) -> None:
-        """Issue the copy back of ``stored`` into a new device buffer (once)."""
+        """Issue the copy back of ``stored`` into a new device buffer (once): on the copy-in stream, after the
+        compute stream (the buffer's allocation) and the copy out."""
         if stored.fetched is not None:
             return
         buffer = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
@@ -467,11 +462,15 @@ class SacOffload:
         if host.in_done is None:
             buffer.copy_(host.data)
         else:
-            in_stream = self._streams(stored.device)[1]
-            in_stream.wait_stream(torch.cuda.current_stream(stored.device))
+            copies = self.copies[stored.device]
+            compute = torch.cuda.current_stream(stored.device)
+            copies.issued.record(compute)
+            in_stream = copies.in_stream
+            in_stream.wait_event(copies.issued)
             in_stream.wait_event(host.out_done)
-            with torch.cuda.stream(in_stream):
-                buffer.copy_(host.data, non_blocking=True)
+            torch.cuda.set_stream(in_stream)
+            buffer.copy_(host.data, non_blocking=True)
+            torch.cuda.set_stream(compute)
             host.in_done.record(in_stream)
             host.used = True
         stored.fetched = buffer

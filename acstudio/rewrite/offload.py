@@ -1,4 +1,4 @@
-"""Offload in the rewritten step: activations copied to a pinned host pool after forward and back before backward.
+"""Offload in the rewritten step: activations copied to a page-locked host pool after forward and back before backward.
 
 :func:`insert_offload` adds, for each offloaded activation, the nodes the simulator's schedule places
 (:mod:`acstudio.simulate.offload`): a copy to the host right after its last forward write, a release before the
@@ -8,145 +8,26 @@ as a source, when one of them comes first) that returns the tensors backward and
 over the fetched storage with their original sizes, strides and offsets. Whole storages are copied as bytes, so every
 value comes back bit for bit.
 
-On CUDA the copies run on two side streams ordered by events: the copy out waits for the compute stream (the
-producer), the release makes the compute stream wait for the copy out before the tensor is dropped, the copy back
-waits for the compute stream (the allocation) and for the copy out, and the compute stream waits for the copy back
-before backward reads it. Nothing waits on the host, so the hot path never synchronises. The pinned pool (one
-buffer per offloaded activation) is allocated once, on the first step, after checking that the host has the
-memory, and reused by every step after. On a CPU device the same nodes copy into a preallocated host buffer and
-back, synchronously: the step runs the offload logic, but device and host memory are the same memory.
-"""
+The nodes call the four methods of one :class:`~acstudio.hostcopy.OffloadRuntime` (a submodule of the step), which
+says how the copies are ordered on CUDA with events only (no host synchronisation on the hot path) and keeps the
+pool, allocated once on the first step after checking that the host has the memory, and reused by every step
+after. On a CPU device the same nodes copy into a preallocated host buffer and back, synchronously: the step runs
+the offload logic, but device and host memory are the same memory."""
 
 from __future__ import annotations
 
 import operator
-import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
 from acstudio.errors import ACStudioError, RewriteError
-from acstudio.profiler import host_available_bytes
+from acstudio.hostcopy import OffloadRuntime
 from acstudio.rewrite.facts import FORWARD_REGIONS
 from acstudio.rewrite.passes import RewriteContext
 
 RUNTIME_ATTR = "acstudio_offload"
-
-
-class HostMemoryError(ACStudioError):
-    """The host has not enough free memory for the pinned pool a plan's offload needs."""
-
-
-class CpuOffloadWarning(UserWarning):
-    """A plan with offload runs on a CPU device, where the copies save no memory."""
-
-
-class OffloadRuntime(torch.nn.Module):
-    """The state the offload nodes of one rewritten step share: per slot (offloaded activation) its size, the
-    pinned pool, the copy streams and events, and the layout of the tensors backward reads. A module (with no
-    parameters or buffers) so that the graph reaches it as a submodule."""
-
-    def __init__(self, activations: list[str], sizes: list[int]) -> None:
-        super().__init__()
-        self.activations = activations
-        self.sizes = sizes  # bytes of each slot (the profile's storage size: at least the storage's own)
-        self.pool: torch.Tensor | None = None
-        self.slots: list[torch.Tensor] = []
-        self.nbytes: list[int] = []
-        self.layouts: list[list[tuple]] = []
-        self.device: torch.device | None = None
-        self.streams: tuple | None = None
-        self.out_done: list = []
-        self.in_done: list = []
-
-    @property
-    def pool_bytes(self) -> int:
-        return sum(self.sizes)
-
-    def ensure_pool(self, device: torch.device) -> None:
-        """Allocate the pinned pool once (checking the host's free memory first) and the CUDA streams and events."""
-        if self.pool is not None:
-            if device != self.device:
-                raise ACStudioError(f"this rewritten step offloads from {self.device}; it cannot run on {device}")
-            return
-        cuda = device.type == "cuda"
-        needed = pinned_bytes(self.pool_bytes) if cuda else self.pool_bytes
-        free = host_available_bytes()
-        if free is not None and needed > free:
-            pinned = f" (pinned as {needed / 2**30:.2f} GiB)" if needed != self.pool_bytes else ""
-            raise HostMemoryError(
-                f"the plan offloads {self.pool_bytes / 2**30:.2f} GiB of activations{pinned} but the host has only "
-                f"{free / 2**30:.2f} GiB free — plan with a lower --host-memory, or with --no-offload")
-        if not cuda:
-            warnings.warn("this plan offloads activations but runs on a CPU device: they are copied into a host "
-                          "buffer and back, which saves no memory — run it on a GPU for the savings",
-                          CpuOffloadWarning, stacklevel=3)
-        self.pool = torch.empty(self.pool_bytes, dtype=torch.uint8, pin_memory=cuda)
-        offsets = [sum(self.sizes[:j]) for j in range(len(self.sizes))]
-        self.slots = [self.pool[o:o + n] for o, n in zip(offsets, self.sizes)]
-        self.nbytes = [0] * len(self.sizes)
-        self.layouts = [[] for _ in self.sizes]
-        self.device = device
-        if cuda:
-            self.streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
-            self.out_done = [torch.cuda.Event() for _ in self.sizes]
-            self.in_done = [torch.cuda.Event() for _ in self.sizes]
-
-    # -- the four steps of one offloaded activation ------------------------------------------------------------
-    def to_host(self, slot: int, tensor: torch.Tensor) -> None:
-        self.ensure_pool(tensor.device)
-        data = storage_bytes(tensor)
-        n = data.numel()
-        if n > self.sizes[slot]:
-            raise ACStudioError(f"offloaded activation {self.activations[slot]} holds {n} bytes, more than the "
-                                f"{self.sizes[slot]} its profile measured — profile the model again")
-        self.nbytes[slot] = n
-        if self.streams is None:
-            self.slots[slot][:n].copy_(data)
-            return
-        out_stream = self.streams[0]
-        out_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(out_stream):
-            self.slots[slot][:n].copy_(data, non_blocking=True)
-        self.out_done[slot].record(out_stream)
-
-    def release(self, slot: int, tensors: tuple[torch.Tensor, ...]) -> None:
-        self.layouts[slot] = [(t.dtype, t.size(), t.stride(), t.storage_offset()) for t in tensors]
-        if self.streams is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.out_done[slot])
-
-    def prefetch(self, slot: int) -> torch.Tensor:
-        n = self.nbytes[slot]
-        buffer = torch.empty(n, dtype=torch.uint8, device=self.device)
-        if self.streams is None:
-            buffer.copy_(self.slots[slot][:n])
-            return buffer
-        in_stream = self.streams[1]
-        in_stream.wait_stream(torch.cuda.current_stream(self.device))
-        in_stream.wait_event(self.out_done[slot])
-        with torch.cuda.stream(in_stream):
-            buffer.copy_(self.slots[slot][:n], non_blocking=True)
-        self.in_done[slot].record(in_stream)
-        return buffer
-
-    def wait(self, slot: int, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.streams is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.in_done[slot])
-        storage = buffer.untyped_storage()
-        return tuple(torch.empty(0, dtype=dtype, device=buffer.device).set_(storage, offset, size, stride)
-                     for dtype, size, stride, offset in self.layouts[slot])
-
-
-def pinned_bytes(nbytes: int) -> int:
-    """Host memory that a pinned buffer of ``nbytes`` takes: torch's caching host allocator rounds every pinned
-    allocation up to a power of two (so that freed blocks fit later requests), and all of it stays locked."""
-    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else nbytes
-
-
-def storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole storage under ``tensor`` as a flat uint8 tensor (no copy)."""
-    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
 
 
 # Graph targets: plain functions, so FX's generated code calls them by name.
@@ -253,6 +134,9 @@ def insert_offload(gm: fx.GraphModule, profile, schedule, facts) -> list[Offload
             if h.meta["ac_region"] not in FORWARD_REGIONS:
                 storages = h.meta.get("ac_storages", held.get(h.meta["ac_id"], []))
                 h.meta["ac_storages"] = [f"{sid}@h2d" if s == sid else s for s in storages]
+        if position[fetched[slot]] < position[release]:  # the copy back is ordered after the copy out through it
+            raise RewriteError(f"offloaded activation {sid} would be fetched back before its device memory is "
+                               "released")
         for h in holders:
             if h.meta["ac_region"] in FORWARD_REGIONS:
                 late = [u for u in h.users if position[u] > position[release]]

@@ -17,12 +17,11 @@ its own with one line:
 Run: cd <repo> && PYTHONPATH=. python3 benchmarks/probes/offload_link_costs.py > results/probes/offload_link_costs.txt
 Needs one CUDA GPU (under a minute).
 """
-import collections
 import statistics
 import time
 
 import torch
-from _timing import host_and_wall_ms
+from _timing import host_and_wall_ms, runtime_call_rounds
 
 from acstudio.profiler import _copy_costs_us
 
@@ -38,23 +37,7 @@ def runtime_call_costs(size: int, n: int = 200) -> None:
     """Host time of the runtime's four calls for ``n`` slots of ``size`` bytes, issued while the GPU spins (the
     second of two repeats)."""
     from acstudio.rewrite.offload import OffloadRuntime
-    rt = OffloadRuntime([f"a{j}" for j in range(n)], [size] * n)
-    ts = [torch.empty(size // 4, device=dev) for _ in range(n)]
-    rt.ensure_pool(dev)
-    bufs = []
-    calls = (("to_host", lambda j: rt.to_host(j, ts[j])), ("release", lambda j: rt.release(j, (ts[j],))),
-             ("prefetch", lambda j: bufs.append(rt.prefetch(j))), ("wait", lambda j: rt.wait(j, bufs[j])))
-    for _ in range(2):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(400_000_000)
-        cost = collections.defaultdict(float)
-        bufs.clear()
-        for name, f in calls:
-            t = time.perf_counter()
-            for j in range(n):
-                f(j)
-            cost[name] = time.perf_counter() - t
-        torch.cuda.synchronize()
+    cost = runtime_call_rounds(OffloadRuntime, size, n, dev, 2)[-1]
     say(f"OffloadRuntime, {size} B slots: " + "  ".join(f"{k} {v * 1e6 / n:.1f}us" for k, v in cost.items()),
         f"| per offload {sum(cost.values()) * 1e6 / n:.1f}us")
 
