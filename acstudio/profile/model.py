@@ -108,10 +108,10 @@ DEFAULT_HOST_FREE_BYTES = 8 * 2**30
 # being free.
 DEFAULT_COPY_LATENCY_US = 10.0
 # The host's side of one offloaded activation: the rewritten step's four Python calls that issue its two copies and
-# the compute stream's two waits, some twenty torch calls; and, for scale, one small op's. Measured alone, both run
-# faster than inside a step, where the host is busy with the whole graph; their ratio carries over (an offload's
-# calls cost as much host time as that many of the step's nodes).
-DEFAULT_OFFLOAD_ISSUE_US = 80.0
+# the compute stream's two waits, about ten torch calls with their events made once; and, for scale, one small
+# op's. Measured alone, both run faster than inside a step, where the host is busy with the whole graph; their ratio
+# carries over (an offload's calls cost as much host time as that many of the step's nodes).
+DEFAULT_OFFLOAD_ISSUE_US = 40.0
 DEFAULT_OP_ISSUE_US = 5.0
 # Host time to issue one executed node of the captured step, for a profile that did not measure its step's (a CPU
 # run, or a file from before it was measured): a Python call of one aten op from the graph on a training server.
