@@ -32,7 +32,7 @@ list)
   sed -n 's/^#   \([a-z0-9-]*\) .*/\1/p' "$0"
   ;;
 gpu-tests)
-  python3 -m pytest -q -x -p no:cacheprovider tests/test_offload.py tests/test_offload_bench.py \
+  python3 -m pytest -q -x -p no:cacheprovider tests/test_offload.py tests/test_offload_bench.py tests/test_offload_runtime.py \
     tests/test_offload_health.py
   ;;
 parity-resnet152)
