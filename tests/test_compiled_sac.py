@@ -17,9 +17,11 @@ from acstudio.bench.steps import enable_per_block, per_op_context
 from acstudio.capture import capture_step
 from acstudio.export.apply import apply_plan
 from acstudio.export.sac import OpDecision, SacPolicy
-from acstudio.plan.baselines import per_op, torchtitan_saved
-from acstudio.plan.compiled import torchtitan_held
+from acstudio.plan.baselines import per_module, per_op, torchtitan_saved
+from acstudio.plan.compiled import TIMED_MODE, fastest_in_compiled_memory, torchtitan_held
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers import DEFAULT_SOLVER, plan_for_mode
+from acstudio.simulate.modes import get_mode
 from acstudio.simulate.sac import is_op, simulate_sac
 from acstudio.workload import build_workload
 
@@ -111,3 +113,20 @@ def test_torchtitans_set_as_it_runs_compiled_replays_no_query_projection(held):
     recomputed = torchtitan_held(ctx) if held else per_op(ctx)
     replayed = applied(w, ctx, recomputed).ops["aten.mm.default"] - torchtitans(w).ops["aten.mm.default"]
     assert replayed == 1 + (0 if held else LAYERS)
+
+
+def test_where_no_plan_fits_the_compiled_plan_is_the_fastest_at_the_lowest_peak_reached():
+    """Plans that free enough tie at a peak that what they free does not reach; a budget just below it (a peer's
+    measured peak less the planning headroom) fits none. The plan is then the fastest at that peak, not the
+    lowest-peak plan found first, and says it missed the budget."""
+    from test_rewrite import quick_profile
+
+    spec = tiny_spec("llama", optimizer="adam", batch_size=4)
+    w = build_workload(spec)
+    ctx = PlanContext(quick_profile(spec, capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn)))
+    floor = get_mode(TIMED_MODE).peak(ctx.sim, per_module(ctx))[0]
+    first = plan_for_mode(ctx, floor - 1, TIMED_MODE)
+    chosen = fastest_in_compiled_memory(ctx, floor - 1, DEFAULT_SOLVER, None)
+    assert not first.feasible and not chosen.feasible and chosen.budget_bytes == floor - 1
+    assert chosen.predicted_peak_bytes == first.predicted_peak_bytes == floor
+    assert chosen.predicted_extra_ms < first.predicted_extra_ms and "lowest peak reached" in chosen.stop_reason

@@ -200,6 +200,26 @@ def with_torchtitan_held(ctx: PlanContext, found: Plan, solver: str) -> Plan:
                                "runs compiled)")
 
 
+def fastest_in_compiled_memory(ctx: PlanContext, budget: int, solver: str, cancel: CancelToken | None) -> Plan:
+    """The fastest plan whose compiled memory fits ``budget``, torchtitan's set as it runs compiled among those
+    compared; where none fits, the fastest at the lowest peak that any reaches, marked infeasible.
+
+    Plans that free enough all peak at a node where what they free is not live (a decoder's optimizer step), and
+    the budget of a peer measured there, less the planning headroom, sits just below that peak. Of the plans at
+    it, the lowest-peak one found first is usually not the fastest; planned at that peak, the solvers and the
+    filling use the memory beneath it."""
+    found = with_torchtitan_held(ctx, plan_for_mode(ctx, budget, TIMED_MODE, solver, cancel), solver)
+    if found.feasible:
+        return found
+    lowest = with_torchtitan_held(ctx, plan_for_mode(ctx, found.predicted_peak_bytes, TIMED_MODE, solver, cancel),
+                                  solver)
+    if not lowest.feasible or lowest.predicted_extra_ms >= found.predicted_extra_ms:
+        return found
+    return dataclasses.replace(lowest, budget_bytes=budget, feasible=False,
+                               stop_reason=f"budget not met: the fastest plan at the lowest peak reached, "
+                                           f"{lowest.stop_reason.removeprefix('budget met ')}")
+
+
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,
                   cancel: CancelToken | None = None, times: CompiledTimes | None = None) -> Plan:
     """The fastest plan whose compiled peak fits ``budget``: planned in the compiled memory at ``budget`` plus
@@ -213,15 +233,14 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     offset = compiled_offset(ctx, measured_per_block_peak)
     why = f"calibrated on compile+per-block's measured {format_bytes(measured_per_block_peak)}"
     # without compiled times, at eager op times, but never with eager SAC's dispatch cost: compiled, it is not paid
-    untimed = with_torchtitan_held(ctx, plan_for_mode(ctx, budget + offset, TIMED_MODE, solver, cancel), solver)
+    untimed = fastest_in_compiled_memory(ctx, budget + offset, solver, cancel)
     compiled_memory = untimed
     chosen = ctx.plan_for_set(untimed.solver, budget + offset, ctx.sim.indices(untimed.recomputed),
                               untimed.stop_reason, mode=COMPILED_MODE)
     extra = {}
     if times is not None:
         timed = compiled_context(ctx, times)
-        found = with_torchtitan_held(timed, plan_for_mode(timed, budget + offset, TIMED_MODE, solver, cancel),
-                                     solver)
+        found = fastest_in_compiled_memory(timed, budget + offset, solver, cancel)
         # the plan chosen at eager times is known too: priced compiled, the faster of the two
         known = timed.plan_for_set(chosen.solver, budget + offset, timed.sim.indices(chosen.recomputed),
                                    chosen.stop_reason, mode=TIMED_MODE)
