@@ -6,7 +6,15 @@ import pytest
 from acstudio.bench import runner
 from acstudio.bench.configs import BenchConfig
 from acstudio.plan.baselines import MATMULS, is_attention, per_op
-from acstudio.plan.compiled import CompiledTimes, compiled_context, compiled_offset, is_library_kernel, plan_compiled
+from acstudio.plan.compiled import (
+    CompiledTimes,
+    compiled_context,
+    compiled_offset,
+    is_library_kernel,
+    plan_compiled,
+    torchtitan_held,
+    with_torchtitan_held,
+)
 from acstudio.plan.loading import load_plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
@@ -86,6 +94,33 @@ def test_per_op_saves_attention_and_every_second_matmul_of_each_block(ctx):
         assert all(decision[i] == SAVE for i in blocks.fw_nodes[b] if is_attention(nodes[i].target))
 
 
+def test_torchtitans_set_as_it_runs_compiled_holds_what_compile_per_op_measured(ctx):
+    """torchtitan's policy saves each layer's query projection, whose output backward never reads, so the per-op
+    set frees the rotary query made from it and holds less than torchtitan's compiled step. Kept back in its place
+    (exactly attention's query inputs), the set is predicted at compile+per-op's measured peak."""
+    nodes, index = ctx.profile.nodes, ctx.profile.node_index
+    queries = {ctx.rg.act_index[nodes[index[nd.inputs[0]]].storage] for nd in nodes
+               if is_attention(nd.target) and nd.region == "forward"}
+    held = torchtitan_held(ctx)
+    assert set(per_op(ctx)) - set(held) == queries and len(queries) == 8
+    mode, offset = get_mode("sac-compiled"), compiled_offset(ctx, MEASURED)
+    assert abs(mode.peak(ctx.sim, held)[0] - offset - PER_OP_PEAK) < 0.001 * PER_OP_PEAK
+    assert mode.peak(ctx.sim, per_op(ctx))[0] - offset < 0.98 * PER_OP_PEAK
+
+
+def test_torchtitans_set_as_it_runs_compiled_replaces_a_slower_plan_of_the_auto_solver_only(ctx):
+    """Among the plans a compiled plan is chosen from, torchtitan's set as it runs compiled replaces a slower one
+    that fits as well (the per-op set, which replays the query projections), where every solver may be used."""
+    timed = compiled_context(ctx, TIMES)
+    budget = PER_OP_PEAK + compiled_offset(ctx, MEASURED)
+    slower = timed.plan_for_set("per-op", budget, per_op(ctx), mode="sac-compiled")
+    chosen = with_torchtitan_held(timed, slower, "auto")
+    assert chosen.feasible and chosen.predicted_extra_ms < slower.predicted_extra_ms
+    assert "torchtitan's policy as it runs compiled" in chosen.stop_reason
+    assert sorted(timed.sim.indices(chosen.recomputed)) == sorted(torchtitan_held(ctx))
+    assert with_torchtitan_held(timed, slower, "per-op") is slower
+
+
 def test_compiled_times_are_calibrated_on_compile_per_block(ctx, tmp_path):
     """Replays cost their library kernels only, scaled so that per-module's replays cost exactly what
     compile+per-block measured over compile; a replay runs only what its outputs depend on."""
@@ -125,15 +160,16 @@ def test_at_compiled_times_the_plan_is_never_slower_than_the_policies_it_knows(c
 
 
 def test_torchtitans_set_filled_with_rotary_queries_and_keys_beats_it(ctx):
-    """Compiled, torchtitan's set recomputes a layer's query and key projections to redo the rotary embedding after
-    them. At its measured peak the memory left keeps most layers' rotary queries or keys back (attention's inputs),
-    which no solver's set does alone: the plan is torchtitan's set so filled, predicted clearly faster (H200: 24.8
-    against compile+per-op's 25.3 ms)."""
+    """Compiled, the per-op set recomputes a layer's query and key projections to redo the rotary embedding after
+    them. At compile+per-op's measured peak the memory left keeps most layers' rotary queries or keys back
+    (attention's inputs), which no solver's set does alone: the plan is that set so filled, predicted clearly
+    faster, and no slower than torchtitan's set as its policy runs compiled (which keeps the queries back)."""
     plan = plan_compiled(ctx, PER_OP_PEAK, MEASURED, times=TIMES)
     timed = compiled_context(ctx, TIMES)
     titan = get_mode("sac-compiled").peak(timed.sim, per_op(ctx))
     assert plan.feasible and "per-op's plan" in plan.stop_reason and "kept back" in plan.stop_reason
     assert plan.compiled_extra_ms < titan[2] - 0.3
+    assert plan.compiled_extra_ms <= get_mode("sac-compiled").peak(timed.sim, torchtitan_held(ctx))[2] + 1e-9
     nodes, index = ctx.profile.nodes, ctx.profile.node_index
     attention_inputs = {ctx.rg.act_index.get(nodes[index[u]].storage) for nd in nodes
                         if is_attention(nd.target) and nd.region == "forward" for u in nd.inputs}

@@ -98,14 +98,12 @@ def is_attention(target: str) -> bool:
     return target in _ATTENTION
 
 
-def per_op(ctx: PlanContext) -> list[int]:
-    """per-module's recompute set less what torchtitan's op-level policy saves: the outputs of attention and of
-    the 1st, 3rd, ... matmul of each block call."""
-    nodes = ctx.profile.nodes
+def torchtitan_saved(ctx: PlanContext) -> set[int]:
+    """The nodes torchtitan's op-level policy saves: attention and the 1st, 3rd, ... matmul of each block call."""
     block = node_blocks(ctx)
     matmuls: dict[str, int] = {}
     saved = set()
-    for i, nd in enumerate(nodes):
+    for i, nd in enumerate(ctx.profile.nodes):
         if not block[i]:
             continue
         if nd.target in MATMULS:
@@ -114,6 +112,12 @@ def per_op(ctx: PlanContext) -> list[int]:
                 saved.add(i)
         elif is_attention(nd.target):
             saved.add(i)
+    return saved
+
+
+def per_op(ctx: PlanContext) -> list[int]:
+    """per-module's recompute set less what torchtitan's op-level policy saves (:func:`torchtitan_saved`)."""
+    saved = torchtitan_saved(ctx)
     return [k for k in per_module(ctx) if ctx.rg.created[k] not in saved]
 
 

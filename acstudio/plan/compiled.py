@@ -33,6 +33,14 @@ their library kernels only, scaled by one factor calibrated the same way as the 
 
 so the calibration point is exact; the scale does not change which plan is faster (:func:`compiled_context`).
 
+torchtitan's op-level policy, the compiled peer, is one of the plans compared, but not as the per-op set: the
+policy saves every odd matmul, also one whose output backward never reads (a decoder's query projection, before
+the rotary embedding). Compiled, that save is real (the partitioner saves it and recomputes the rotary ops from
+it), while the profile has no activation there, so the per-op set frees the rotary query and replays the
+projection. Its set as it runs compiled (:func:`torchtitan_held`) keeps the rotary query back instead: it holds
+what torchtitan's step holds and replays what it replays. Given the same op decisions, the SAC form that
+:func:`acstudio.apply_plan` builds partitions exactly as torchtitan's policy does.
+
 Compiled plans keep or recompute; they do not offload. Under torch.compile SAC's cache is a tracing artifact, so the
 saved-tensors hooks through which :func:`acstudio.apply_plan` offloads in eager never run, and the partitioner treats
 ``CheckpointPolicy.MUST_CPU_OFFLOAD`` as an untagged op (its min-cut saved such linear outputs on a decoder, as
@@ -54,7 +62,7 @@ import numpy as np
 
 from acstudio.errors import ACStudioError
 from acstudio.jobs import CancelToken
-from acstudio.plan.baselines import MATMULS, is_attention, per_module
+from acstudio.plan.baselines import MATMULS, is_attention, node_blocks, per_module, per_op, torchtitan_saved
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, plan_for_mode
@@ -137,6 +145,81 @@ def compiled_context(ctx: PlanContext, times: CompiledTimes) -> PlanContext:
     return ctx.cache[key]
 
 
+def torchtitan_held(ctx: PlanContext) -> list[int]:
+    """torchtitan's set (:func:`~acstudio.plan.baselines.per_op`) as its policy runs compiled, with the activations
+    kept back that stand in for the saved matmul outputs that backward never reads.
+
+    The policy saves every odd matmul, also one whose output no backward node reads: a decoder's query projection,
+    which the rotary embedding after it only multiplies by constants. Banned from recomputing that output, the
+    partitioner saves it and recomputes the fused rotary ops from it for attention's backward. It is no activation
+    of the profile, so the per-op set frees the rotary query, whose replay reruns the projection: a matmul
+    torchtitan's compiled step does not run. Kept back in its place, the activations made from that output by ops
+    that are no library kernel replay nothing and hold no more than it (they are kept back only where their bytes
+    are at most its own)."""
+    rg, profile = ctx.rg, ctx.profile
+    nodes, index = profile.nodes, profile.node_index
+    nbytes = {t.id: t.bytes for t in profile.tensors}
+    block = node_blocks(ctx)
+    freed = per_op(ctx)
+    users: dict[int, list[int]] = {}
+    for j, nd in enumerate(nodes):
+        if block[j]:
+            for u in nd.inputs:
+                users.setdefault(index[u], []).append(j)
+    kept: set[int] = set()
+    for i in sorted(torchtitan_saved(ctx)):
+        if nodes[i].storage in rg.act_index:
+            continue  # backward reads it: the per-op set keeps it already
+        made, todo, seen = set(), [i], {i}
+        while todo:
+            for j in users.get(todo.pop(), ()):
+                if j in seen or block[j] != block[i] or is_library_kernel(nodes[j].target):
+                    continue
+                seen.add(j)
+                todo.append(j)
+                k = rg.act_index.get(nodes[j].storage)
+                if k is not None and rg.is_candidate[k]:
+                    made.add(k)
+        if sum(int(rg.bytes[k]) for k in made) <= nbytes.get(nodes[i].storage, 0):
+            kept |= made
+    return [k for k in freed if k not in kept]
+
+
+def with_torchtitan_held(ctx: PlanContext, found: Plan, solver: str) -> Plan:
+    """``found`` or, where it is faster in the compiled memory (or, neither fitting, lower or as low and faster),
+    torchtitan's set as its policy runs compiled (:func:`torchtitan_held`); a plan asked of one solver stays
+    that solver's."""
+    if solver != DEFAULT_SOLVER:
+        return found
+    held = ctx.plan_for_set(found.solver, found.budget_bytes, torchtitan_held(ctx), mode=TIMED_MODE)
+    best = best_of([found, held])
+    if best is found:
+        return found
+    fits = "met" if held.feasible else "not met"
+    return dataclasses.replace(held, stop_reason=f"budget {fits} in {TIMED_MODE} mode (torchtitan's policy as it "
+                               "runs compiled)")
+
+
+def fastest_in_compiled_memory(ctx: PlanContext, budget: int, solver: str, cancel: CancelToken | None) -> Plan:
+    """The fastest plan whose compiled memory fits ``budget``, torchtitan's set as it runs compiled among those
+    compared; where none fits, the fastest at the lowest peak that any reaches, marked infeasible.
+
+    Plans that free enough all peak at a node where what they free is not live (a decoder's optimizer step), and
+    the budget of a peer measured there, less the planning headroom, sits just below that peak. Of the plans at
+    it, the lowest-peak one found first is usually not the fastest; planned at that peak, the solvers and the
+    filling use the memory beneath it."""
+    found = with_torchtitan_held(ctx, plan_for_mode(ctx, budget, TIMED_MODE, solver, cancel), solver)
+    if found.feasible:
+        return found
+    lowest = with_torchtitan_held(ctx, plan_for_mode(ctx, found.predicted_peak_bytes, TIMED_MODE, solver, cancel),
+                                  solver)
+    if not lowest.feasible or lowest.predicted_extra_ms >= found.predicted_extra_ms:
+        return found
+    return dataclasses.replace(lowest, budget_bytes=budget, feasible=False,
+                               stop_reason=f"budget not met: the fastest plan at the lowest peak reached, "
+                                           f"{lowest.stop_reason.removeprefix('budget met ')}")
+
+
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,
                   cancel: CancelToken | None = None, times: CompiledTimes | None = None) -> Plan:
     """The fastest plan whose compiled peak fits ``budget``: planned in the compiled memory at ``budget`` plus
@@ -150,14 +233,14 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     offset = compiled_offset(ctx, measured_per_block_peak)
     why = f"calibrated on compile+per-block's measured {format_bytes(measured_per_block_peak)}"
     # without compiled times, at eager op times, but never with eager SAC's dispatch cost: compiled, it is not paid
-    untimed = plan_for_mode(ctx, budget + offset, TIMED_MODE, solver, cancel)
+    untimed = fastest_in_compiled_memory(ctx, budget + offset, solver, cancel)
     compiled_memory = untimed
     chosen = ctx.plan_for_set(untimed.solver, budget + offset, ctx.sim.indices(untimed.recomputed),
                               untimed.stop_reason, mode=COMPILED_MODE)
     extra = {}
     if times is not None:
         timed = compiled_context(ctx, times)
-        found = plan_for_mode(timed, budget + offset, TIMED_MODE, solver, cancel)
+        found = fastest_in_compiled_memory(timed, budget + offset, solver, cancel)
         # the plan chosen at eager times is known too: priced compiled, the faster of the two
         known = timed.plan_for_set(chosen.solver, budget + offset, timed.sim.indices(chosen.recomputed),
                                    chosen.stop_reason, mode=TIMED_MODE)
