@@ -98,9 +98,10 @@ def open_document(path: str, current: Loaded | None, progress: ProgressFn | None
 
 
 def check_same_workload(results: BenchResults, profile: Profile) -> None:
-    """Measured points belong on a profile's chart only if they ran its workload (any batch size)."""
+    """Measured points belong on a profile's chart only if they ran its workload (any batch size). A setting left
+    unset (None) is the same as one a file from before that setting existed does not name."""
     def key(spec: dict) -> dict:
-        return {k: v for k, v in spec.items() if k not in ("batch_size", "seed")}
+        return {k: v for k, v in spec.items() if k not in ("batch_size", "seed") and v is not None}
 
     if key(results.meta.get("spec", {})) != key(profile.workload):
         raise ACStudioError(f"this benchmark ran {results.meta.get('spec', {}).get('model')!r} with other settings "

@@ -1,6 +1,6 @@
 """The memory timeline's x axis and the lifetime marks of one activation. No Qt in here.
 
-The graph's input placeholders (parameters, optimizer state, the batch: 2300 of ResNet-152's 6814 nodes)
+The graph's input placeholders (parameters, optimizer state, the batch: about 2300 of ResNet-152's nodes)
 come first in node order but take no time and allocate nothing while the step runs, so the axis starts after
 them: either at execution order 0 or at 0 ms.
 """
