@@ -154,6 +154,19 @@ class CopyStreams:
         self.issued = torch.cuda.Event()
         self.compute: torch.cuda.Stream | None = None
 
+    def copy(self, stream: torch.cuda.Stream, compute: torch.cuda.Stream, dst: torch.Tensor, src: torch.Tensor,
+             done: torch.cuda.Event, after: torch.cuda.Event | None = None) -> None:
+        """Queue ``dst.copy_(src)`` on ``stream`` (one of the two copy streams) behind the work queued on
+        ``compute`` so far and, if given, the event ``after``; record ``done`` on ``stream`` once it is queued."""
+        self.issued.record(compute)
+        stream.wait_event(self.issued)
+        if after is not None:
+            stream.wait_event(after)
+        torch.cuda.set_stream(stream)
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.set_stream(compute)
+        done.record(stream)
+
 
 class OffloadRuntime(torch.nn.Module):
     """The state the offload nodes of one rewritten step share: per slot (offloaded activation) its size, its part
@@ -231,12 +244,7 @@ class OffloadRuntime(torch.nn.Module):
             self.slots[slot].copy_(data)
             return
         compute = copies.compute = torch.cuda.current_stream(self.device)
-        copies.issued.record(compute)
-        copies.out_stream.wait_event(copies.issued)
-        torch.cuda.set_stream(copies.out_stream)
-        self.slots[slot].copy_(data, non_blocking=True)
-        torch.cuda.set_stream(compute)
-        self.out_done[slot].record(copies.out_stream)
+        copies.copy(copies.out_stream, compute, self.slots[slot], data, self.out_done[slot])
 
     def release(self, slot: int, tensors: tuple[torch.Tensor, ...]) -> None:
         self.layouts[slot] = [(t.dtype, t.size(), t.stride(), t.storage_offset()) for t in tensors]
@@ -249,13 +257,7 @@ class OffloadRuntime(torch.nn.Module):
         if copies is None:
             buffer.copy_(self.slots[slot])
             return buffer
-        compute = copies.compute
-        copies.issued.record(compute)
-        copies.in_stream.wait_event(copies.issued)
-        torch.cuda.set_stream(copies.in_stream)
-        buffer.copy_(self.slots[slot], non_blocking=True)
-        torch.cuda.set_stream(compute)
-        self.in_done[slot].record(copies.in_stream)
+        copies.copy(copies.in_stream, copies.compute, buffer, self.slots[slot], self.in_done[slot])
         return buffer
 
     def wait(self, slot: int, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:

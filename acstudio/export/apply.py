@@ -439,17 +439,9 @@ class SacOffload:
             host.data.copy_(data)
             return _Stored(host, n, device)
         copies = self.copies[device]
-        compute = torch.cuda.current_stream(device)
-        copies.issued.record(compute)
-        out_stream = copies.out_stream
-        out_stream.wait_event(copies.issued)
-        if host.used:
-            out_stream.wait_event(host.in_done)
-        torch.cuda.set_stream(out_stream)
-        host.data.copy_(data, non_blocking=True)
-        torch.cuda.set_stream(compute)
-        host.out_done.record(out_stream)
-        data.record_stream(out_stream)
+        copies.copy(copies.out_stream, torch.cuda.current_stream(device), host.data, data, host.out_done,
+                    after=host.in_done if host.used else None)
+        data.record_stream(copies.out_stream)
         return _Stored(host, n, device)
 
     def fetch(self, stored: _Stored) -> None:
@@ -463,15 +455,8 @@ class SacOffload:
             buffer.copy_(host.data)
         else:
             copies = self.copies[stored.device]
-            compute = torch.cuda.current_stream(stored.device)
-            copies.issued.record(compute)
-            in_stream = copies.in_stream
-            in_stream.wait_event(copies.issued)
-            in_stream.wait_event(host.out_done)
-            torch.cuda.set_stream(in_stream)
-            buffer.copy_(host.data, non_blocking=True)
-            torch.cuda.set_stream(compute)
-            host.in_done.record(in_stream)
+            copies.copy(copies.in_stream, torch.cuda.current_stream(stored.device), buffer, host.data, host.in_done,
+                        after=host.out_done)
             host.used = True
         stored.fetched = buffer
 

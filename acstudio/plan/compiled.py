@@ -155,7 +155,13 @@ def torchtitan_held(ctx: PlanContext) -> list[int]:
     of the profile, so the per-op set frees the rotary query, whose replay reruns the projection: a matmul
     torchtitan's compiled step does not run. Kept back in its place, the activations made from that output by ops
     that are no library kernel replay nothing and hold no more than it (they are kept back only where their bytes
-    are at most its own)."""
+    are at most its own). Found once per context (cached on ``ctx``): a compiled plan asks for it at each target."""
+    if "torchtitan_held" not in ctx.cache:
+        ctx.cache["torchtitan_held"] = _torchtitan_held(ctx)
+    return ctx.cache["torchtitan_held"]
+
+
+def _torchtitan_held(ctx: PlanContext) -> list[int]:
     rg, profile = ctx.rg, ctx.profile
     nodes, index = profile.nodes, profile.node_index
     nbytes = {t.id: t.bytes for t in profile.tensors}
