@@ -24,7 +24,7 @@ from acstudio.plan.loading import check_plan_derivation, load_plan
 from acstudio.plan.model import Plan
 from acstudio.plan.peak import explain_peak
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers.mutwo import offload_plan, trajectory
+from acstudio.plan.solvers.mutwo import offload_onto, offload_plan, offload_preview, trajectory
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
 from acstudio.profiler import measure_host_link
 from acstudio.rewrite import offload as runtime_module
@@ -402,3 +402,40 @@ def test_copies_back_issued_before_one_node_go_in_the_order_they_are_needed():
         issued = at[np.argsort(off.h2d[at, 0], kind="stable")]
         assert np.all(np.diff(need[issued]) >= 0), f"copies back issued before node {node} out of need order"
     assert shared, "the case needs copies back that share a node"
+
+
+@pytest.fixture(scope="module")
+def bert_on_h200():
+    """The bundled BERT bs16 H200 sample, with its measured host link, and its recompute-only trajectory."""
+    profile = Profile.load(Path(__file__).resolve().parents[1] / "sample_profiles" / "h200_bert_bs16_adam.json.gz")
+    ctx = PlanContext(profile, offload=True)
+    return ctx, trajectory(ctx)
+
+
+def test_one_offload_pass_answers_every_budget_as_a_pass_per_budget(bert_on_h200):
+    """offload_onto's pass for the tightest budget goes through every looser budget's own answer."""
+    ctx, path = bert_on_h200
+    floor, top = ctx.floor_bytes, ctx.sim.baseline_peak
+    budgets = [int(floor + share * (top - floor)) for share in (0.5, 0.3, 0.15, 0.05)]
+    j = path.step_for_budget(int(floor + 0.6 * (top - floor)))
+    recomputed, later = path._picks[:j], path._picks[j:]
+    together = offload_onto(ctx, budgets, ctx.host_memory, recomputed, later)
+    apart = [plan for b in budgets for plan in offload_onto(ctx, [b], ctx.host_memory, recomputed, later)]
+    assert len(together) == len(budgets) and together == apart  # Plan equality leaves out the simulation
+    assert [p.budget_bytes for p in together] == budgets and all(p.offloaded for p in together)
+
+
+def test_the_offload_preview_answers_down_to_the_floor_with_plans_that_fit(bert_on_h200):
+    """Near the floor the preview offers an offloading plan far faster than recomputing alone, judged against the
+    budget asked: a plan made for a tighter budget it missed still fits a looser one, and says so."""
+    ctx, path = bert_on_h200
+    preview = offload_preview(ctx)
+    floor, top = ctx.floor_bytes, ctx.sim.baseline_peak
+    budget = int(floor + 0.02 * (top - floor))
+    plan, recompute_only = preview.plan_for_budget(budget), path.plan_for_budget(budget)
+    assert plan is not None and plan.offloaded and plan.budget_bytes == budget
+    assert plan.feasible and plan.predicted_peak_bytes <= budget and plan.stop_reason.startswith("budget met: ")
+    assert plan.predicted_extra_ms < 0.2 * recompute_only.predicted_extra_ms
+    for plan in preview.plans:  # every plan on the front is priced exactly as it would run
+        result = simulate_plan(ctx.sim, plan.recomputed, plan.replay_mode, plan.offloaded)
+        assert result.peak_bytes == plan.predicted_peak_bytes

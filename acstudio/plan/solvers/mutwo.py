@@ -343,9 +343,7 @@ def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = Non
         if j == 0:
             break
     for j in starts:
-        found = offload_onto(ctx, budget, ctx.host_memory, path._picks[:j], path._picks[j:], cancel)
-        if found is not None:
-            plans.append(found)
+        plans += offload_onto(ctx, [budget], ctx.host_memory, path._picks[:j], path._picks[j:], cancel)
     for covering in (False, True):
         cap = ctx.host_memory
         for _ in range(OFFLOAD_CAP_HALVINGS + 1):
@@ -415,15 +413,19 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
         peak, pos, _, schedule = _with_offload(g, offloaded)
     if not offloaded:
         return None
-    return _priced(ctx, budget, list(g.pick_ratio), offloaded, g.pick_ratio)
+    return _priced(ctx, [budget], list(g.pick_ratio), offloaded, g.pick_ratio)[0]
 
 
-def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[int], later: list[int],
-                 cancel: CancelToken | None = None) -> Plan | None:
-    """Offload on top of a recompute plan: start from activation indices ``recomputed`` (a prefix of the
-    trajectory's picks) and take swaps until the peak fits ``budget``; where no swap is left at the peak, recompute
-    the first of ``later`` (the trajectory's next picks) that is in memory there, and go on. None if it
-    offloads nothing.
+def offload_onto(ctx: PlanContext, budgets: list[int], host_cap: int, recomputed: list[int], later: list[int],
+                 cancel: CancelToken | None = None) -> list[Plan]:
+    """Offload on top of a recompute plan, for each of ``budgets``: start from activation indices ``recomputed`` (a
+    prefix of the trajectory's picks) and take swaps until the peak fits the budget; where no swap is left at the
+    peak, recompute the first of ``later`` (the trajectory's next picks) that is in memory there, and go on. The
+    plans of the budgets where it offloads something, loosest first (a budget it never fits gets the plan of the
+    lowest peak it reached: a recomputation can raise the peak).
+
+    One pass serves every budget: no step depends on the budget, so the pass for the tightest one goes through
+    each looser budget's answer, the state where the peak first fits it.
 
     A swap candidate is, by largest inactive time, an activation not recomputed whose bytes fit the host memory
     left, and whose copies, as scheduled, take it off the device at the current peak; replays may read it (it is
@@ -445,7 +447,18 @@ def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[
     peak, pos, _ = evaluate(offloaded)
     tried = set(recomputed)
     host_left = host_cap
-    while peak > budget:
+    pending = sorted({int(b) for b in budgets}, reverse=True)
+    answers: list[tuple[list[int], list[int], list[int]]] = []  # (the budgets it answers, recomputed, offloaded)
+    lowest = (peak, [], [])  # the lowest peak reached with something offloaded, and how
+    while pending:
+        if offloaded and peak < lowest[0]:
+            lowest = (peak, list(recomputed), list(offloaded))
+        fits = [b for b in pending if peak <= b]  # the loosest ones: budgets fall
+        if fits:
+            del pending[:len(fits)]
+            if offloaded:
+                answers.append((fits, list(recomputed), list(offloaded)))
+            continue
         check(cancel)
         swap = next((k for k in swaps if k not in tried and rg.bytes[k] <= host_left
                      and rg.last_fw[k] < pos < rg.first_bw[k]), None)
@@ -459,22 +472,24 @@ def offload_onto(ctx: PlanContext, budget: int, host_cap: int, recomputed: list[
             continue
         more = next((k for k in later if k not in offloaded and rg.last_fw[k] < pos < rg.first_bw[k]), None)
         if more is None:
+            if lowest[2]:
+                answers.append((pending, *lowest[1:]))
             break
         later.remove(more)
         recomputed.append(more)
         tried.add(more)
         replayed = mode.schedule(sim, recomputed)
         peak, pos, _ = evaluate(offloaded)
-    if not offloaded:
-        return None
-    return _priced(ctx, budget, recomputed, offloaded)
+    return [plan for answered, rec, off in answers for plan in _priced(ctx, answered, rec, off)]
 
 
-# The offload preview: budgets it plans for, evenly from the floor to the baseline peak, and the shares (see
-# OFFLOAD_START_SHARES) offload_onto starts from at each: a cheaper pass than offload_plan's, which the resting plan
-# still makes. A start near the baseline matters most near the floor, where offloading what replays read wins.
+# The offload preview: the budgets it plans for, evenly from the baseline peak down to the floor, and how many of the
+# recompute-only trajectory's plans offload_onto starts from, at budgets evenly from the baseline peak (no
+# recomputation) towards the floor: a cheaper pass than offload_plan's, which the resting plan still makes. Each
+# start answers every budget below its own peak in one pass. Starts near the baseline matter most near the floor,
+# where offloading what replays read wins.
 OFFLOAD_PREVIEW_BUDGETS = 32
-OFFLOAD_PREVIEW_SHARES = (0.3, 0.8)
+OFFLOAD_PREVIEW_STARTS = 9
 
 
 @dataclass
@@ -491,31 +506,32 @@ class OffloadPreview:
     def plan_for_budget(self, budget_bytes: int) -> Plan | None:
         """The fastest plan whose predicted peak fits ``budget_bytes``, judged against it (None if none fits)."""
         i = bisect.bisect_right(self._peaks, budget_bytes)
-        return dataclasses.replace(self.plans[i - 1], budget_bytes=budget_bytes) if i else None
+        return _judged(self.plans[i - 1], budget_bytes) if i else None
 
 
 def offload_preview(ctx: PlanContext, progress: ProgressFn | None = None, cancel: CancelToken | None = None,
-                    budgets: int = OFFLOAD_PREVIEW_BUDGETS) -> OffloadPreview | None:
-    """Plans that offload at ``budgets`` budgets from the floor to the baseline peak (None where the context does
-    not offload): at each, :func:`offload_onto` from the recompute-only trajectory's plans at
-    :data:`OFFLOAD_PREVIEW_SHARES`, each priced exactly; the Pareto front of all of them, by their own peaks (a
-    plan that misses its budget still answers a looser one). :func:`offload_greedy`'s plans are left out: on the
-    bundled transformer samples they never joined that front, and they cost as much again."""
+                    budgets: int = OFFLOAD_PREVIEW_BUDGETS, starts: int = OFFLOAD_PREVIEW_STARTS
+                    ) -> OffloadPreview | None:
+    """Plans that offload at ``budgets`` budgets from the baseline peak down to the floor (None where the context
+    does not offload): :func:`offload_onto` from ``starts`` of the recompute-only trajectory's plans, each pass
+    answering every budget below its start's peak, each plan priced exactly; the Pareto front of all of them, by
+    their own peaks (a plan that misses its budget still answers a looser one). :func:`offload_greedy`'s plans are
+    left out: on the bundled transformer samples they never joined that front, and they cost as much again."""
     if not ctx.may_offload:
         return None
     path = trajectory(ctx, cancel=cancel)
     floor, top = ctx.floor_bytes, ctx.sim.baseline_peak
-    found: list[Plan] = []
     # the floor itself is a budget: below the lowest one planned, the preview has nothing but recompute-only plans
-    for i, budget in enumerate(np.linspace(top, floor, budgets)[1:].astype(np.int64).tolist()):
+    targets = np.linspace(top, floor, budgets)[1:].astype(np.int64).tolist()
+    steps = {path.step_for_budget(int(b)) for b in np.linspace(top, floor, starts)}
+    steps = sorted(len(path._picks) if j is None else j for j in steps)
+    found: list[Plan] = []
+    for i, j in enumerate(steps):
         check(cancel)
-        report(progress, i, budgets, f"offload preview: planning for {format_bytes(budget)}")
-        starts = {path.step_for_budget(int(budget + share * (top - budget))) for share in OFFLOAD_PREVIEW_SHARES}
-        for j in sorted(len(path._picks) if j is None else j for j in starts):
-            found.append(offload_onto(ctx, budget, ctx.host_memory, path._picks[:j], path._picks[j:], cancel))
-    report(progress, budgets, budgets, "offload preview: done")
-    return OffloadPreview(pareto_front([p for p in found if p is not None],
-                                       key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms)))
+        report(progress, i, len(steps), f"offload preview: offloading onto {j} recomputations")
+        found += offload_onto(ctx, targets, ctx.host_memory, path._picks[:j], path._picks[j:], cancel)
+    report(progress, len(steps), len(steps), "offload preview: done")
+    return OffloadPreview(pareto_front(found, key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms)))
 
 
 def pareto_front(points: list, key=lambda p: (p[0], p[1])) -> list:
@@ -528,19 +544,30 @@ def pareto_front(points: list, key=lambda p: (p[0], p[1])) -> list:
     return front
 
 
-def _priced(ctx: PlanContext, budget: int, recomputed: list[int], offloaded: list[int],
-            ratios: dict[int, float] | None = None) -> Plan:
-    """The plan of ``recomputed`` and ``offloaded`` in the faster replay mode that fits (else the lower peak),
-    saying what it moves."""
-    plans = [ctx.plan_for_set(NAME, budget, recomputed, mode=mode, ratios=ratios, offloaded=offloaded)
+def _priced(ctx: PlanContext, budgets: list[int], recomputed: list[int], offloaded: list[int],
+            ratios: dict[int, float] | None = None) -> list[Plan]:
+    """The plan of ``recomputed`` and ``offloaded`` for each of ``budgets``, in the faster replay mode that fits it
+    (else the lower peak); each mode is simulated once, whatever the budgets."""
+    modes = [ctx.plan_for_set(NAME, budgets[0], recomputed, mode=mode, ratios=ratios, offloaded=offloaded)
              for mode in ("again", "shared")]
-    fitting = [p for p in plans if p.feasible]
-    best = (min(fitting, key=lambda p: p.predicted_extra_ms) if fitting
-            else min(plans, key=lambda p: p.predicted_peak_bytes))
-    hidden = "copies hidden" if best.copies_hidden else f"copies stall {best.offload_stall_ms:.2f} ms"
-    reason = BUDGET_MET if best.feasible else "budget not met"
-    return dataclasses.replace(best, stop_reason=f"{reason}: {len(best.offloaded)} activations offloaded "
-                                                 f"({format_bytes(best.offload_bytes)} each way, {hidden})")
+    priced = []
+    for budget in budgets:
+        plans = [_judged(p, budget) for p in modes]
+        fitting = [p for p in plans if p.feasible]
+        priced.append(min(fitting, key=lambda p: p.predicted_extra_ms) if fitting
+                      else min(plans, key=lambda p: p.predicted_peak_bytes))
+    return priced
+
+
+def _judged(plan: Plan, budget: int) -> Plan:
+    """``plan``, which offloads, judged against ``budget``: whether it fits, and a stop reason saying what it
+    moves."""
+    feasible = plan.predicted_peak_bytes <= budget
+    hidden = "copies hidden" if plan.copies_hidden else f"copies stall {plan.offload_stall_ms:.2f} ms"
+    reason = BUDGET_MET if feasible else "budget not met"
+    return dataclasses.replace(plan, budget_bytes=int(budget), feasible=feasible,
+                               stop_reason=f"{reason}: {len(plan.offloaded)} activations offloaded "
+                                           f"({format_bytes(plan.offload_bytes)} each way, {hidden})")
 
 
 def _best_recompute(g: _Greedy) -> int | None:
