@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from acstudio.errors import ACStudioError, Cancelled
-from acstudio.jobs import CancelToken, check
+from acstudio.jobs import CancelToken, Precedence, check
 from acstudio.plan.model import Plan
 from acstudio.plan.solvers import DEFAULT_SOLVER, SOLVERS, best_of
 from acstudio.plan.solvers.mutwo import OffloadPreview, offload_plan, offload_preview
@@ -198,6 +198,7 @@ class Session:
         self._plans: OrderedDict[tuple[str, int], tuple[Plan, SimResult]] = OrderedDict()
         self.offload_preview: OffloadPreview | None = None  # plans that offload, for the preview to look up
         self._offload_preview_waits = False  # they are made once the profile's first plan is on show
+        self._precedence = Precedence()  # and they wait while a plan is being made, which the user waits for
 
     # -- profile ---------------------------------------------------------------------------------------------
     def set_loaded(self, loaded: Loaded) -> None:
@@ -220,14 +221,16 @@ class Session:
         self.set_budget(top if floor >= top else (floor + top) // 2)
 
     def _start_offload_preview(self) -> None:
-        """Make the plans that offload for the preview to look up, once the profile's first plan is on show: made
-        beside it, they would share the cores with it and the plan the user opened the profile for would come
-        late; until they are made, the preview recomputes only and says so."""
+        """Make the plans that offload for the preview to look up, once the profile's first plan is on show, and
+        pausing while a later plan is made: made beside it, they would share the cores and the interpreter with it,
+        and the plan the user waits for would come several times later; until they are made, the preview
+        recomputes only and says so."""
         if not self._offload_preview_waits:
             return
         self._offload_preview_waits = False
-        self.jobs.submit(OFFLOAD_PREVIEW_JOB, partial(offload_preview, self.loaded.ctx),
-                         partial(self._on_offload_preview, self.loaded), self.events.failed.emit)
+        job = self._precedence.giving_way(partial(offload_preview, self.loaded.ctx))
+        self.jobs.submit(OFFLOAD_PREVIEW_JOB, job, partial(self._on_offload_preview, self.loaded),
+                         self.events.failed.emit)
 
     def _on_offload_preview(self, loaded: Loaded, preview: OffloadPreview) -> None:
         """The offload plans for ``loaded`` are made: a preview on show is looked up again, with them."""
@@ -303,7 +306,8 @@ class Session:
         else:
             self.events.planning.emit(self.solver, self.budget)
             job, delay = partial(solve_and_simulate, self.loaded, self.budget, self.solver), SIMULATE_AFTER_MS
-        self.jobs.submit(PLAN_JOB, job, partial(self._on_planned, request), self.events.failed.emit, delay_ms=delay)
+        self.jobs.submit(PLAN_JOB, self._precedence.urgent(job), partial(self._on_planned, request),
+                         self.events.failed.emit, delay_ms=delay)
 
     def _preview(self) -> tuple[Plan, None, str]:
         """The instant answer for the current budget, and what it is where the resting plan may offload: the
@@ -346,7 +350,7 @@ class Session:
         self.set_budget(plan.budget_bytes, final=False)
         self._request = (plan.solver, plan.budget_bytes)
         self._show(plan, None)
-        self.jobs.submit(PLAN_JOB, partial(simulate, self.loaded, plan), self._on_simulated,
+        self.jobs.submit(PLAN_JOB, self._precedence.urgent(partial(simulate, self.loaded, plan)), self._on_simulated,
                          self.events.failed.emit, delay_ms=SIMULATE_AFTER_MS)
 
     def _on_simulated(self, result: tuple[Plan, SimResult]) -> None:
