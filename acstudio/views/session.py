@@ -223,7 +223,7 @@ class Session:
     def _start_offload_preview(self) -> None:
         """Make the plans that offload for the preview to look up, once the profile's first plan is on show, and
         pausing while a later plan is made: made beside it, they would share the cores and the interpreter with it,
-        and the plan the user waits for would come several times later; until they are made, the preview
+        and the plan the user waits for would take up to twice as long; until they are made, the preview
         recomputes only and says so."""
         if not self._offload_preview_waits:
             return
