@@ -687,3 +687,35 @@ def test_a_job_that_gives_way_waits_while_an_urgent_one_runs_and_still_stops_whe
     assert not gives_way.is_alive() and isinstance(made[0], Cancelled) and steps.count("background 0") == 2
     release.set()
     waited.join(10)
+
+
+def test_slider_steps_that_set_and_clear_the_notes_do_not_resize_the_chart(qtbot, gpu_loaded):
+    """Each slider step shows a preview with a note, then the resting plan without one; the status rewords itself.
+    The chart below them keeps its size (a resized chart redraws whole: most of a step's time)."""
+    from PySide6.QtWidgets import QApplication
+
+    from acstudio.gui.budget_panel import BudgetPanel
+    from acstudio.plan.solvers.mutwo import offload_preview
+
+    jobs = HeldJobs()
+    session = Session(jobs)
+    panel = BudgetPanel(session, ("auto", "mutwo"))
+    qtbot.addWidget(panel)
+    panel.resize(400, 1000)  # the app's panel width
+    panel.show()
+    session.set_loaded(gpu_loaded)
+    jobs.run()
+    session.offload_preview = offload_preview(gpu_loaded.ctx)  # the long note: a precomputed plan that offloads
+    QApplication.processEvents()
+    height, notes, statuses = panel.pareto.height(), set(), set()
+    floor, top = session.floor_bytes, session.baseline_bytes
+    for budget in np.linspace(floor, top, 8)[1:-1].astype(int):
+        session.set_budget(int(budget))
+        QApplication.processEvents()
+        notes.add(panel.preview_label.text())
+        assert panel.pareto.height() == height
+        jobs.run()
+        QApplication.processEvents()
+        assert panel.preview_label.text() == "" and panel.pareto.height() == height
+        statuses.add(panel.status_label.text())
+    assert any(note.startswith("preview: a precomputed plan") for note in notes) and len(statuses) > 2

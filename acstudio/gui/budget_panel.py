@@ -64,8 +64,12 @@ class BudgetPanel(QWidget):
         self.preview_label = QLabel("")
         self.preview_label.setWordWrap(True)
         self.preview_label.setStyleSheet("color: #806000; font-style: italic")
-        # room for the note kept when it is empty: a slider step that sets or clears it does not resize the chart
-        self.preview_label.setMinimumHeight(2 * self.preview_label.fontMetrics().lineSpacing())
+        # Room kept for the longest status and note, even when shorter or empty: a slider step that sets or clears
+        # the note, or rewords the status, would otherwise resize the chart below them, which then redraws whole
+        # (twice a step, most of the step's time).
+        lines = self.preview_label.fontMetrics().lineSpacing()
+        self.preview_label.setMinimumHeight(4 * lines)
+        self.status_label.setMinimumHeight(3 * lines)
         row = QHBoxLayout()
         row.addWidget(self.slider, 1)
         row.addWidget(self.spin)

@@ -57,7 +57,7 @@ OFFLOAD_PREVIEW_JOB = "offload preview"
 PLAN_AT_REST_MS = 150  # a previewed budget is solved once it rests this long: a drag does not solve every pause
 SIMULATE_AFTER_MS = 10  # a plan without a preview is solved this long after the step, once it is painted
 CACHE_PLANS = 64  # complete plans kept (the timeline of a 13k-node graph is ~0.6 MB)
-PLAN_FOLLOWS = "the plan for this budget, weighing offload too, follows once it rests"
+PLAN_FOLLOWS = "the plan weighing offload too follows at rest"
 PREVIEW_RECOMPUTE_ONLY = f"preview: recompute only; {PLAN_FOLLOWS}"
 
 
