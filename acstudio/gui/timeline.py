@@ -248,6 +248,8 @@ class TimelineView(QWidget):
         host.setToolTip("Host memory held by offloaded activations (the pinned pool holds their sum all step)")
         self.host_curve = host.getPlotItem().plot([], [], pen=pg.mkPen(colour, width=1), fillLevel=0,
                                                   brush=pg.mkBrush(*colour, 120))
+        cache_pixmaps(lanes.getPlotItem().getAxis("left"), host.getPlotItem().getAxis("left"), self.host_curve.curve,
+                      *self.copy_bars.values())
         return lanes, host
 
     def show_session(self) -> None:
