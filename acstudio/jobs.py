@@ -64,23 +64,15 @@ class Precedence:
 
 
 class _GivingWay(CancelToken):
-    """A job's own cancel token, checked (and waited on) only while ``idle`` is set."""
+    """A job's own cancel token (the same flag), whose checks also wait until ``idle`` is set."""
 
     def __init__(self, token: CancelToken, idle: threading.Event) -> None:
-        super().__init__()
-        self._token, self._idle = token, idle
-
-    def cancel(self) -> None:
-        self._token.cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._token.cancelled
+        self._event, self._idle = token._event, idle
 
     def raise_if_cancelled(self) -> None:
         while not self._idle.wait(Precedence.POLL_S):
-            self._token.raise_if_cancelled()
-        self._token.raise_if_cancelled()
+            super().raise_if_cancelled()
+        super().raise_if_cancelled()
 
 
 def check(cancel: CancelToken | None) -> None:
