@@ -65,7 +65,7 @@ def test_with_a_fast_link_the_program_beats_recompute_only_and_the_greedy(seed, 
         check_simulated(ctx, plan)
         assert plan.predicted_extra_ms <= recompute_only.predicted_extra_ms + 1e-9
         greedy = offload_greedy(ctx, budget, ctx.host_memory)
-        if greedy is not None and greedy.feasible:
+        if greedy is not None and greedy.feasible and greedy.copies_hidden:  # the program's space: hidden copies
             assert plan.predicted_extra_ms <= greedy.predicted_extra_ms + 1e-9
         if plan.offloaded:
             assert plan.copies_hidden and "offloaded" in plan.stop_reason
@@ -88,12 +88,13 @@ def test_with_a_slow_link_every_plan_fits_once_simulated_and_prices_its_stalls(s
 
 
 def test_a_slow_link_converges_where_only_the_recompute_set_fits(small_copies):
-    """Every offload the program tries with the recompute set that fits is over budget once simulated: cutting off
-    each with the solutions that offload fewer lets it end at the recompute-only optimum, not at its round limit."""
+    """Most offloads the program tries with the recompute set that fits are over budget once simulated: cutting off
+    each with the solutions that offload fewer lets it end, proven, at no more than the recompute-only optimum, not
+    at its round limit (the copies it keeps are those held past the peak, which land late but fit)."""
     ctx = PlanContext(on_gpu(random_profile(303, n_forward=14), rate_gb_s=1e-4), offload=True)
     result = exact_milp(ctx, 531, time_limit_s=20)
     recompute_only = exact_milp(ctx.without_offload(), 531)
-    assert result.optimal and result.extra_ms == pytest.approx(recompute_only.extra_ms)
+    assert result.optimal and result.extra_ms <= recompute_only.extra_ms + 1e-9
     check_simulated(ctx, milp_plan(ctx, 531, result))
 
 
@@ -157,10 +158,12 @@ def test_stopped_before_any_solution_it_answers_with_mutwos_faster_plan(small_co
     moved = offload_plan(ctx, budget)
     assert moved.feasible and moved.replay_mode == "again"
     assert moved.predicted_extra_ms < recompute_only.predicted_extra_ms
-    monkeypatch.setattr(milp_module, "_solve_lazily", lambda *_: milp_module._Outcome(None, 0.0, 0.5, 1, "time limit"))
+    bound = moved.predicted_extra_ms / 2  # what the stopped search proved
+    stop = milp_module._Outcome(None, 0.0, bound, 1, "time limit")
+    monkeypatch.setattr(milp_module, "_solve_lazily", lambda *_: stop)
     stopped = exact_milp(ctx, budget)
     assert not stopped.optimal and stopped.status.startswith("time limit: the incumbent is within")
-    assert stopped.extra_ms == pytest.approx(moved.predicted_extra_ms) and stopped.lower_bound_ms == 0.5
+    assert stopped.extra_ms == pytest.approx(moved.predicted_extra_ms) and stopped.lower_bound_ms == bound
     assert sorted(ctx.rg.act_ids[k] for k in stopped.offloaded) == sorted(moved.offloaded)
     check_simulated(ctx, milp_plan(ctx, budget, stopped))
 
@@ -171,7 +174,7 @@ def test_on_a_real_model_the_plan_offloads_rewrites_as_predicted_and_beats_the_g
     budget = int(profile.peak_bytes * 0.8)
     ctx = PlanContext(gpu, offload=True)
     plan = make_plan(gpu, budget, "milp", ctx=ctx)
-    assert plan.offloaded and plan.recomputed and plan.copies_hidden
+    assert plan.offloaded and plan.recomputed  # its copies may wait where one is held past the peak: priced
     check_simulated(ctx, plan)
     assert max(live_bytes(rewrite(step, gpu, plan).gm, gpu)) == plan.predicted_peak_bytes
     recompute_only = make_plan(gpu, budget, "milp", offload=False)

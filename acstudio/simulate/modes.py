@@ -21,6 +21,10 @@ from acstudio.simulate.replay import Replay
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared, shared_schedule
 from acstudio.simulate.simulator import SimResult, Simulator
 
+# How many times an offload schedule holds copies back past the step's peak node, each time the new peak's: the
+# loss's backward spans a few nodes, each a peak in turn once the copies are held past the one before.
+PEAK_HOLDS = 4
+
 
 class ReplayMode:
     """How recomputations are replayed. Subclasses set the class attributes and implement the two methods."""
@@ -49,12 +53,41 @@ class ReplayMode:
         if not self.supports_offload:
             raise ACStudioError(f"replay mode {self.name!r} cannot offload activations; choose one of "
                                 f"{', '.join(n for n, m in REPLAY_MODES.items() if m.supports_offload)}")
-        return offload_schedule(sim, offloaded, schedule.replays)
+        return self._held_at_peak(sim, schedule, offloaded)
+
+    def _held_at_peak(self, sim: Simulator, schedule: Any, offloaded: Collection[int]) -> OffloadSchedule:
+        """The copies of ``offloaded``, with those whose copy back would land during the step's peak node held
+        back until after it, as long as that lowers the peak (at most :data:`PEAK_HOLDS` times).
+
+        Copies back are issued as late as lets them land on time, which near the end of forward means during the
+        loss's backward: the largest temporaries of the step (GPT-2's logits gradient). An activation allocated
+        there raises a peak that nothing else can lower, so a plan near the floor could only recompute it; held
+        back, it is allocated after that node and the step waits for its copy (a stall the schedule prices).
+        The rule depends on nothing but the plan, so the planner, the simulator and the rewriter, which all get
+        their schedule here, agree on it."""
+        copies = offload_schedule(sim, offloaded, schedule.replays)
+        peak, pos, before = self.evaluate(sim, schedule, extra=copies.memory(sim))
+        not_before = None
+        for _ in range(PEAK_HOLDS):
+            early = (copies.release <= pos) & (copies.prefetch <= pos) & (pos < copies.needed)
+            if not early.any():
+                break
+            held = np.zeros(len(sim.replay.bytes), dtype=np.int64) if not_before is None else not_before.copy()
+            held[copies.offloaded[early]] = pos + 1
+            trial = offload_schedule(sim, offloaded, schedule.replays, held)
+            result = self.evaluate(sim, schedule, extra=trial.memory(sim))
+            if result[0] >= peak:
+                break
+            copies, not_before, (peak, pos, before) = trial, held, result
+        copies.evaluated = (schedule, (peak, pos, before))
+        return copies
 
     def evaluate_with(self, sim: Simulator, schedule: Any, offload: OffloadSchedule | None, timeline: bool = False):
         """:meth:`evaluate` with the offloaded activations' memory taken out."""
         if offload is None:
             return self.evaluate(sim, schedule, timeline)
+        if not timeline and offload.evaluated is not None and offload.evaluated[0] is schedule:
+            return offload.evaluated[1]  # evaluated while holding copies back (_held_at_peak)
         return self.evaluate(sim, schedule, timeline, extra=offload.memory(sim))
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:

@@ -12,7 +12,9 @@
   run (``by_replay[k]``);
 * the host-to-device copy is issued on a second copy stream before node ``prefetch[k]``, which allocates ``k``
   again, as late as lets it land by the time it is needed: the copies are laid back to back, latest first,
-  each ending when it is needed or by the start of the copy after it (the lane is serial);
+  each ending when it is needed or by the start of the copy after it (the lane is serial); a caller may hold a
+  copy back past a node (``not_before``), where landing in time would allocate it during the step's peak (the
+  loss's backward, when the activations the last block's backward reads come back): the step then waits for it;
 * where a copy is not done when the compute stream needs it, the step waits: a stall, added to its time;
 * the four calls that issue an activation's copies and waits (after ``ready[k]``, before ``release[k]``,
   ``prefetch[k]`` and ``needed[k]``) take host time: together as much as issuing the link's
@@ -35,7 +37,7 @@ have without offload.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -113,6 +115,8 @@ class OffloadSchedule:
     stall_ms: float
     waits: np.ndarray
     issue_ms: float = 0.0
+    # (replay schedule, its (peak, position, during a replay)) where the mode evaluated these copies beside it
+    evaluated: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def moved_bytes(self) -> int:
@@ -145,11 +149,13 @@ class OffloadSchedule:
         return gap, gap.copy()
 
 
-def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) -> OffloadSchedule:
+def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
+                     not_before: np.ndarray | None = None) -> OffloadSchedule:
     """Schedule and price the copies of activation indices ``offloaded`` (see the module docstring) beside the
     ``replays`` a plan runs (:class:`~acstudio.simulate.replay.Replay`: inserted before node ``at``, taking
     ``time_ms``, reading ``sources``). Activations a replay produces (recomputed ones) stay on the device, and
-    so do those that cannot be offloaded."""
+    so do those that cannot be offloaded. ``not_before``: per activation, the earliest node its copy back may be
+    issued before (it is still issued by the node that needs it)."""
     rg, facts, link = sim.replay, sim.offload_facts, sim.profile.link
     chosen = np.zeros(len(rg.bytes), dtype=bool)
     chosen[np.asarray(list(offloaded), dtype=np.int64)] = True
@@ -188,6 +194,8 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = ()) ->
     for j in np.lexsort((ks_arr, rg.created[ks_arr], need_ms))[::-1].tolist():
         lane = h2d_begin[j] = min(need[j], lane) - took[j]
     prefetch = np.clip(np.searchsorted(issue, h2d_begin, side="right") - 1, release, needed)
+    if not_before is not None:
+        prefetch = np.minimum(np.maximum(prefetch, not_before[ks_arr]), needed)
 
     # The step as it runs: the compute stream waits where a copy is late. At one node: releases, prefetches and
     # waits before its replays, then waits after them (before the node itself); copies out after the node.

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from acstudio.jobs import CancelToken, ProgressFn, check, report
+from acstudio.plan.baselines import per_module
 from acstudio.plan.model import Plan, ScheduleEntry
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers.registry import CurvePoint, best_of, solver
@@ -316,15 +317,16 @@ def mutwo_trajectory(profile: Profile, simulator: Simulator | None = None, progr
 OFFLOAD_CAP_HALVINGS = 2
 # Where offload_onto starts: the recompute-only trajectory's plan for a budget this share of the way from the budget
 # up to the baseline peak. How much offload can take off the peak depends on how long forward runs against the
-# link, which no single share captures; the first step that recomputes nothing ends the ladder.
-OFFLOAD_START_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+# link, which no single share captures; the first step that recomputes nothing ends the ladder, and the last share
+# (the baseline peak) is that step: offload alone, which the slider's preview also starts from.
+OFFLOAD_START_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
 
 
 def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None) -> Plan | None:
     """The fastest of :func:`offload_greedy`'s plans, with and without ``covering``, under the context's host-memory
     cap and, while a plan stalls, under :data:`OFFLOAD_CAP_HALVINGS` smaller caps, and of :func:`offload_onto`'s
-    from each of :data:`OFFLOAD_START_SHARES`; None when the context does not offload
-    (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads.
+    from each of :data:`OFFLOAD_START_SHARES` and from block checkpointing's set (:func:`_onto_blocks`); None when
+    the context does not offload (:attr:`PlanContext.may_offload`), the baseline fits, or no plan offloads.
 
     Neither swap rule wins everywhere: a swap that does not lower the current peak can still make room that a
     later pick needs, or just move bytes; and weighing one swap against one recompute at a time misses plans
@@ -344,6 +346,7 @@ def offload_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = Non
             break
     for j in starts:
         plans += offload_onto(ctx, [budget], ctx.host_memory, path._picks[:j], path._picks[j:], cancel)
+    plans += _onto_blocks(ctx, [budget], path, cancel)
     for covering in (False, True):
         cap = ctx.host_memory
         for _ in range(OFFLOAD_CAP_HALVINGS + 1):
@@ -417,7 +420,7 @@ def offload_greedy(ctx: PlanContext, budget: int, host_cap: int, cancel: CancelT
 
 
 def offload_onto(ctx: PlanContext, budgets: list[int], host_cap: int, recomputed: list[int], later: list[int],
-                 cancel: CancelToken | None = None) -> list[Plan]:
+                 cancel: CancelToken | None = None, mode: str = "again") -> list[Plan]:
     """Offload on top of a recompute plan, for each of ``budgets``: start from activation indices ``recomputed`` (a
     prefix of the trajectory's picks) and take swaps until the peak fits the budget; where no swap is left at the
     peak, recompute the first of ``later`` (the trajectory's next picks) that is in memory there, and go on. The
@@ -429,10 +432,11 @@ def offload_onto(ctx: PlanContext, budgets: list[int], host_cap: int, recomputed
 
     A swap candidate is, by largest inactive time, an activation not recomputed whose bytes fit the host memory
     left, and whose copies, as scheduled, take it off the device at the current peak; replays may read it (it is
-    brought back before them). Replays run in μ-TWO's mode while planning; the result is priced in both replay
-    modes that can offload and the faster that fits is kept."""
+    brought back before them). Replays run in ``mode`` while planning (μ-TWO's by default; block checkpointing's
+    set plans in the shared mode it runs in); the result is priced in both replay modes that can offload and the
+    faster that fits is kept."""
     sim, rg = ctx.sim, ctx.rg
-    mode = get_mode("again")
+    mode = get_mode(mode)
     recomputed, later = list(recomputed), list(later)
     inactive = np.array([a.inactive_time_ms for a in ctx.profile.activations])
     swaps = sorted(np.flatnonzero(sim.offload_facts.offloadable).tolist(),
@@ -528,10 +532,23 @@ def offload_preview(ctx: PlanContext, progress: ProgressFn | None = None, cancel
     found: list[Plan] = []
     for i, j in enumerate(steps):
         check(cancel)
-        report(progress, i, len(steps), f"offload preview: offloading onto {j} recomputations")
+        report(progress, i, len(steps) + 1, f"offload preview: offloading onto {j} recomputations")
         found += offload_onto(ctx, targets, ctx.host_memory, path._picks[:j], path._picks[j:], cancel)
-    report(progress, len(steps), len(steps), "offload preview: done")
+    found += _onto_blocks(ctx, targets, path, cancel)
+    report(progress, len(steps) + 1, len(steps) + 1, "offload preview: done")
     return OffloadPreview(pareto_front(found, key=lambda p: (p.predicted_peak_bytes, p.predicted_extra_ms)))
+
+
+def _onto_blocks(ctx: PlanContext, budgets: list[int], path: Trajectory, cancel: CancelToken | None) -> list[Plan]:
+    """:func:`offload_onto` from block checkpointing's set, planned as it runs (each block replayed once): block
+    checkpointing with its inputs on the host, which fits where the loss's backward sets the floor (GPT-2's
+    logits) and μ-TWO's starts only fit by replaying chains over and over."""
+    blocks = per_module(ctx)
+    if not blocks:
+        return []
+    chosen = set(blocks)
+    return offload_onto(ctx, budgets, ctx.host_memory, blocks, [k for k in path._picks if k not in chosen], cancel,
+                        mode="shared")
 
 
 def pareto_front(points: list, key=lambda p: (p[0], p[1])) -> list:
