@@ -393,7 +393,7 @@ def test_ctrl_c_kills_the_worker_it_waits_for(faulty, tmp_path):
             time.sleep(0.1)
         # A moment later, as a user's Ctrl-C comes: an interrupt inside Popen's own start (the worker exists, its
         # handle not yet) cannot be answered by anyone, and on a loaded machine that start takes a while.
-        time.sleep(1.0)
+        time.sleep(2.0)
         _thread.interrupt_main()
 
     threading.Thread(target=interrupt_once_running, daemon=True).start()
