@@ -67,3 +67,12 @@ def cpu_only_deterministic():
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def ctrl_c_reaches_the_tests():
+    """The Ctrl-C tests interrupt the main thread (`_thread.interrupt_main`), which does nothing where SIGINT is
+    ignored, as in a suite started in the background of a non-interactive shell."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
