@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from acstudio.jobs import CancelToken, check
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
@@ -72,17 +74,18 @@ def fill_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: 
     faster; returns the plan and how many were kept back.
 
     A solver's set found for a lower target, or a policy's, often leaves memory unused in ``mode``. Each candidate
-    no larger than the memory left (where the peak holds every saved activation, keeping one adds its bytes there)
-    is tried alone once, and those that pay are kept back greedily, the most replay time saved per byte first. The
+    no larger than the memory left while it would be held (:func:`room_to_keep`) is tried alone once, and those
+    that pay are kept back greedily, the most replay time saved per byte first. The
     saving is measured, not read off the creating op: compiled, keeping a cheap rotary output saves the replay of
     the matmul before it. A mode may refuse a candidate whose cost it does not price (:meth:`ReplayMode.may_keep_back`:
     eager SAC's dispatch in a block that ran a plain checkpoint)."""
     rg, replay = ctx.rg, get_mode(mode)
     current = ctx.sim.indices(chosen.recomputed)
-    peak, fastest = chosen.predicted_peak_bytes, chosen.predicted_extra_ms
+    fastest = chosen.predicted_extra_ms
+    room = room_to_keep(ctx, mode, current, budget)
     saving: dict[int, float] = {}
     for k in current:
-        if rg.bytes[k] > budget - peak or not replay.may_keep_back(ctx.sim, current, k):
+        if rg.bytes[k] > room[k] or not replay.may_keep_back(ctx.sim, current, k):
             continue
         check(cancel)
         trial_peak, _, ms = replay.peak(ctx.sim, [j for j in current if j != k])
@@ -90,13 +93,32 @@ def fill_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: 
             saving[k] = (fastest - ms) / max(int(rg.bytes[k]), 1)
     kept = 0
     for k in sorted(saving, key=lambda k: -saving[k]):
-        if rg.bytes[k] > budget - peak or not replay.may_keep_back(ctx.sim, current, k):
+        if rg.bytes[k] > room[k] or not replay.may_keep_back(ctx.sim, current, k):
             continue
         check(cancel)
         trial = [j for j in current if j != k]
         trial_peak, _, ms = replay.peak(ctx.sim, trial)
         if trial_peak <= budget and ms < fastest - 1e-9:
-            current, peak, fastest, kept = trial, trial_peak, ms, kept + 1
+            current, fastest, kept = trial, ms, kept + 1
+            room = room_to_keep(ctx, mode, current, budget)
     if not kept:
         return chosen, 0
     return ctx.plan_for_set(chosen.solver, budget, current, mode=mode), kept
+
+
+def room_to_keep(ctx: PlanContext, mode: str, recomputed: list[int], budget: int) -> np.ndarray:
+    """Per activation, ``budget`` less the highest memory of the step ``recomputed`` replayed in ``mode`` while
+    that activation is out of memory (after its last forward use, before its first backward use): kept back, it
+    adds its bytes there, so one larger than that cannot fit.
+
+    The span matters where the step's peak is at a node no activation is live for: a decoder's AdamW step over
+    fp32 states sets the peak of every plan, and the memory beneath it during forward and backward is still room
+    (measured against the peak, a policy's set planned at that peak could keep nothing back)."""
+    replay, rg = get_mode(mode), ctx.rg
+    memory = replay.evaluate(ctx.sim, replay.schedule(ctx.sim, recomputed), timeline=True)[3].sum(axis=1)
+    room = np.full(len(rg.bytes), budget, dtype=np.int64)
+    for k in recomputed:
+        start, end = rg.last_fw[k] + 1, rg.first_bw[k]
+        if start < end:
+            room[k] = budget - int(memory[start:end].max())
+    return room
