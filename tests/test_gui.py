@@ -635,6 +635,18 @@ def test_chunking_bounds_the_children_of_any_group():
     assert max(len(c) for c in children.values()) <= gl.CHUNK
 
 
+def test_a_modules_own_ops_are_one_box_per_run_between_its_sub_modules():
+    """Ops before and after a sub-module's many ops are two boxes (one would close a loop through it); a one-op
+    sub-module in between (an embedding lookup) does not cut the run."""
+    paths = [("forward",)] * 4 + [("forward", "wte")] + [("forward",)] * 4 + [("forward", "h")] * 20 + \
+        [("forward",)] * 8
+    out = gl._chunked(paths)
+    assert set(out[:9]) - {("forward", "wte")} == {("forward", gl.OWN_OPS)} and out[4] == ("forward", "wte")
+    assert set(out[29:]) == {("forward", gl.own_ops(1))}
+    assert gl.group_label(("forward", "transformer", gl.own_ops(1))) == "transformer ops 2"
+    assert gl.module_name(("forward", "transformer", gl.own_ops(1))) == "transformer"
+
+
 def test_layout_uses_dot_and_caches_it_on_disk(tiny_profile_path, tmp_path):
     if shutil.which("dot") is None:
         pytest.skip("graphviz dot is not installed")

@@ -14,6 +14,7 @@ Python otherwise, and dot layouts are cached on disk by profile fingerprint. The
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -27,9 +28,10 @@ from acstudio.fileio import write_text
 from acstudio.profile.model import Profile
 
 CHUNK = 60  # most leaf nodes a group shows directly when expanded
-LOOSE_LEAVES = 6  # more ops than this next to sub-modules are bundled into one "(ops)" box
+LOOSE_LEAVES = 6  # more ops than this next to sub-modules are bundled into "(ops)" boxes, one per run
 OWN_OPS = "(ops)"  # parenthesised: no module attribute can have this name
-LAYOUT_VERSION = 4  # bump when the geometry below changes, so stale disk caches are ignored
+OWN_OPS_RUNS = 3  # a module whose own ops fall into more runs than this between its sub-modules gets one box
+LAYOUT_VERSION = 5  # bump when the geometry below changes, so stale disk caches are ignored
 # What each direction of the graph shows: forward with the loss it ends in, backward with the update it feeds.
 SHOWN_REGIONS = {"forward": ("forward", "loss"), "backward": ("loss", "backward", "optimizer"),
                  "whole iteration": ("forward", "loss", "backward", "optimizer")}
@@ -192,7 +194,7 @@ class ModuleTree:
         n = self.profile.nodes[i]
         op = n.target.removeprefix("aten.").removesuffix(".default")
         # a module made of one op (ResNet's conv1) is named by the module, like its siblings
-        sole = len(vp) > 2 and len(self.members.get(vp[:-1], ())) == 1 and vp[-2] != OWN_OPS
+        sole = len(vp) > 2 and len(self.members.get(vp[:-1], ())) == 1 and not is_own_ops(vp[-2])
         return Item(key=n.id, label=f"{vp[-2]}\n{op}" if sole else f"{op}\n{n.shape or n.name}", region=n.region,
                     nodes=(i,), is_group=False, bytes=n.new_bytes)
 
@@ -214,7 +216,7 @@ class ModuleTree:
             total = len(self.members[(region,)])
             shown = self._children((region,))
             while True:
-                groups = [p for p in shown if len(self.members.get(p, ())) > 1 and p[-1] != OWN_OPS
+                groups = [p for p in shown if len(self.members.get(p, ())) > 1 and not is_own_ops(p[-1])
                           and not p[-1].startswith("ops ")]
                 fits = [p for p in groups if len(shown) - 1 + len(self._children(p)) <= limit]
                 if not fits:
@@ -256,7 +258,7 @@ class ModuleTree:
 
 def module_name(path: tuple[str, ...]) -> str:
     """The dotted module path of a group (``forward/layer3/0`` -> ``layer3.0``)."""
-    return ".".join(p for p in path[1:] if p != OWN_OPS)
+    return ".".join(p for p in path[1:] if not is_own_ops(p))
 
 
 def key_of(path: tuple[str, ...]) -> str:
@@ -269,16 +271,42 @@ def group_label(path: tuple[str, ...]) -> str:
         return REGION_TITLES.get(path[0], path[0])
     if path[-1].isdigit() and len(path) > 2:
         return f"{path[-2]}.{path[-1]}"
-    if path[-1] == OWN_OPS:  # the ops a module runs itself, next to its sub-modules
-        return f"{group_label(path[:-1])} ops"
+    if is_own_ops(path[-1]):  # the ops a module runs itself, next to its sub-modules
+        return f"{group_label(path[:-1])} {path[-1][1:-1]}"
     return path[-1]
+
+
+def own_ops(run: int) -> str:
+    """The group of a module's own ops in its ``run``-th run between sub-modules: ``(ops)``, ``(ops 2)``, ..."""
+    return OWN_OPS if run == 0 else f"{OWN_OPS[:-1]} {run + 1})"
+
+
+def is_own_ops(name: str) -> bool:
+    return name.startswith(OWN_OPS[:-1])
+
+
+def own_runs(paths: list[tuple[str, ...]], path: tuple[str, ...], idx: list[int]) -> list[list[int]]:
+    """Nodes ``idx`` (a module's own ops, in graph order) cut into runs wherever more than :data:`LOOSE_LEAVES`
+    ops of its sub-modules run in between: GPT-2's ``transformer`` makes its mask before the blocks and reshapes
+    their output after the final norm, and one box for both would close a loop (mask, blocks, norm, reshape),
+    which a top-down layout can only draw with the norm above the blocks. A one-op sub-module in between (an
+    embedding lookup) does not cut: its small loop costs the layout nothing, and a box per run would scatter
+    the ops that prepare the blocks' inputs."""
+    depth = len(path)
+    runs = [[idx[0]]]
+    for a, b in itertools.pairwise(idx):
+        if sum(len(p) > depth and p[:depth] == path for p in paths[a + 1:b]) > LOOSE_LEAVES:
+            runs.append([])
+        runs[-1].append(b)
+    return runs
 
 
 def _chunked(paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
     """Regroup leaves so that every expansion stays readable.
 
     A group that has sub-modules and more than :data:`LOOSE_LEAVES` ops of its own gets those ops bundled
-    as one ``(ops)`` child (BERT's ``bert`` module holds ~30 embedding-preparation ops next to ``encoder``).
+    as ``(ops)`` children, one per run between its sub-modules (:func:`own_runs`; one for all past
+    :data:`OWN_OPS_RUNS` runs), e.g. BERT's ``bert`` module's ~30 embedding-preparation ops next to ``encoder``.
     Groups with more than :data:`CHUNK` ops of their own get ``ops a–b`` levels, nested if needed.
     """
     has_groups = {p[:d] for p in paths for d in range(1, len(p))}
@@ -288,8 +316,10 @@ def _chunked(paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
     out = list(paths)
     for path, idx in leaves.items():
         if path in has_groups and len(idx) > LOOSE_LEAVES:
-            for i in idx:
-                out[i] = (*path, OWN_OPS)
+            runs = own_runs(paths, path, idx)
+            for run, members in enumerate(runs if len(runs) <= OWN_OPS_RUNS else [idx]):
+                for i in members:
+                    out[i] = (*path, own_ops(run))
     leaves = defaultdict(list)
     for i, p in enumerate(out):
         leaves[p].append(i)
