@@ -149,6 +149,19 @@ def test_app_starts_on_the_bundled_gpu_sample(qtbot, window):
     assert "backward/layer3" in {it.key for it in graph.view.items}
 
 
+def test_a_decoder_opens_on_its_blocks_not_on_the_edges_beside_them(qtbot, window):
+    """GPT-2's mask feeds every block from a box beside their column, so the graph is wider than its panel: the
+    launch view shows the column where most ops are, its blocks readable (it showed the mask's box alone)."""
+    window.resize(1600, 1000)
+    samples = Path(__file__).resolve().parents[1] / "sample_profiles"
+    open_and_wait(qtbot, window, samples / "h200_gpt2_bs16_adam.json.gz")
+    graph = window.graph
+    qtbot.waitUntil(lambda: graph.view is not None and not graph.runner.busy, timeout=WAIT_MS)
+    graph.fit_readable()
+    assert graph.scene.sceneRect().width() * graph.canvas.transform().m11() > graph.canvas.viewport().width()
+    assert {f"forward/transformer/h/{k}" for k in range(4)} <= set(graph.readable_boxes())
+
+
 def test_main_parses_arguments_and_renders_a_screenshot(qtbot, tmp_path, tiny_profile_path):
     assert parse_args([]) == (None, None)
     assert parse_args(["f.json.gz"]) == (None, "f.json.gz")

@@ -465,7 +465,9 @@ class GraphView(QWidget):
             self.canvas.fitInView(rect, Qt.AspectRatioMode.KeepAspectRatio)
 
     def fit_readable(self) -> None:
-        """Fit, but never so small that labels stop being readable: a tall graph then shows its top."""
+        """Fit, but never so small that labels stop being readable: a tall graph then shows its top, and a wide
+        one the column where most of its ops are (GPT-2: its blocks, not the mask's edges fanning out beside
+        them)."""
         rect = self.scene.sceneRect()
         if rect.isEmpty():
             return
@@ -474,8 +476,11 @@ class GraphView(QWidget):
         scale = max(scale, 1.0)
         self.canvas.resetTransform()
         self.canvas.scale(scale, scale)
-        top = QPointF(rect.center().x(), rect.top() + view.height() / scale / 2)
-        self.canvas.centerOn(top)
+        ops = [len(item.nodes) for item in self.view.items] if self.view is not None else []
+        x = rect.center().x()
+        if sum(ops):
+            x = sum(n * box.rect().center().x() for n, box in zip(ops, self._boxes)) / sum(ops)
+        self.canvas.centerOn(QPointF(x, rect.top() + view.height() / scale / 2))
 
     # -- selection, search, expansion ------------------------------------------------------------------------
     def select_node(self, node_id: str) -> None:
