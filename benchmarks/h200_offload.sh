@@ -6,6 +6,7 @@
 #   parity-bert      the same, BERT-base MLM bs16
 #   offload-bert     our plans (offload allowed) at HF GC's and the offload peers' peaks, BERT-base bs16
 #   offload-gpt2     the same, GPT-2 seq 1024 bs16
+#   offload-resnet152 the same, ResNet-152 bs64 (host-bound: the planner prices each offload's host calls)
 #   samples          the bundled H200 sample profiles measured again (host link included), as OUT_DIR/samples.tgz
 # OUT_DIR defaults to results/; parts write OUT_DIR/offload/ and OUT_DIR/parity/.
 set -u
@@ -14,8 +15,10 @@ out=${2:-results}
 export PYTHONUNBUFFERED=1
 steps="--warmup 3 --iters 8"
 parity_rows="eager,per-block,captured,rewritten@per-block,sac@per-block"
-# HF GC (per-block) and the two offload peers, and our rewritten step at their measured peaks and at 1.15x HF GC's.
-offload_rows="eager,per-block,per-block+offload,offload,rewritten@per-block,rewritten@per-block*1.15,\
+# HF GC (per-block) and the two offload peers, and our rewritten step at their measured peaks and at 1.15x HF GC's;
+# captured (the captured step run as is) is what the rewritten rows' predicted time is over (rows before 2026-11-27
+# lack it).
+offload_rows="eager,captured,per-block,per-block+offload,offload,rewritten@per-block,rewritten@per-block*1.15,\
 rewritten@per-block+offload"
 
 bench() {  # bench FOLDER NAME BENCH_ARGS...: one bench into /tmp/NAME, its bench.json to OUT_DIR/FOLDER/NAME.json
@@ -46,6 +49,9 @@ offload-bert)
   ;;
 offload-gpt2)
   bench offload gpt2_s1024_bs16 gpt2 --seq-len 1024 -b 16 --configs "$offload_rows"
+  ;;
+offload-resnet152)
+  bench offload resnet152_bs64_offload_rows resnet152 -b 64 --optimizer adam --configs "$offload_rows"
   ;;
 samples)
   llama="llama --seq-len 1024 --precision bf16 --optimizer adamw --config hidden_size=1024 \
