@@ -1,5 +1,6 @@
 """The desktop app, offscreen: it loads, plans, profiles in the background, survives bad input and exits cleanly."""
 
+import dataclasses
 import gzip
 import json
 import os
@@ -673,6 +674,10 @@ def test_layout_uses_dot_and_caches_it_on_disk(tiny_profile_path, tmp_path):
     assert cache.is_file()
     again = gl.cached_layout(view, profile.fingerprint, expanded, tmp_path)
     assert again.boxes == layout.boxes and again.clusters == layout.clusters
+    # the same expansion grouped otherwise (as many boxes, other ones) is laid out anew, not served the cached one
+    renamed = dataclasses.replace(view, items=[dataclasses.replace(view.items[0], key="renamed"), *view.items[1:]])
+    gl.cached_layout(renamed, profile.fingerprint, expanded, tmp_path)
+    assert json.loads(cache.read_text())["items"][0] == "renamed"
     # the geometry of both layouts is checked in tests/test_gui_views.py
 
 

@@ -568,19 +568,22 @@ def cache_file(cache_dir: str | os.PathLike, fingerprint: str, expanded: frozens
 
 def cached_layout(view: View, fingerprint: str, expanded: frozenset[str], cache_dir: str | os.PathLike | None,
                   regions: tuple[str, ...] = SHOWN_REGIONS["whole iteration"]) -> Layout:
-    """:func:`layout_view` with dot layouts kept on disk; fallback layouts are cheap and never cached."""
+    """:func:`layout_view` with dot layouts kept on disk; fallback layouts are cheap and never cached. An entry is
+    used only for the same boxes and edges (grouping code that changed without :data:`LAYOUT_VERSION` would
+    otherwise get another view's geometry)."""
     path = cache_file(cache_dir, fingerprint, expanded, regions) if cache_dir else None
+    drawn = {"items": [it.key for it in view.items], "view_edges": [list(e) for e in view.edges]}
     if path is not None and path.is_file():
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
-            if len(d["boxes"]) == len(view.items) and len(d["edges"]) == len(view.edges):
+            if all(d.get(k) == v for k, v in drawn.items()):
                 return Layout(boxes=[tuple(b) for b in d["boxes"]], edges=[[tuple(p) for p in e] for e in d["edges"]],
                               clusters=[(k, lab, tuple(r)) for k, lab, r in d["clusters"]], engine=d["engine"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # an unreadable cache entry is simply recomputed
     layout = layout_view(view)
     if path is not None and layout.engine == "dot":
-        write_text(path, json.dumps(asdict(layout), separators=(",", ":")))
+        write_text(path, json.dumps(asdict(layout) | drawn, separators=(",", ":")))
     return layout
 
 
