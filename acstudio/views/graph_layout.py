@@ -278,11 +278,11 @@ def group_label(path: tuple[str, ...]) -> str:
 
 def own_ops(run: int) -> str:
     """The group of a module's own ops in its ``run``-th run between sub-modules: ``(ops)``, ``(ops 2)``, ..."""
-    return OWN_OPS if run == 0 else f"{OWN_OPS[:-1]} {run + 1})"
+    return OWN_OPS if run == 0 else f"(ops {run + 1})"
 
 
 def is_own_ops(name: str) -> bool:
-    return name.startswith(OWN_OPS[:-1])
+    return name == OWN_OPS or name.startswith("(ops ")
 
 
 def own_runs(paths: list[tuple[str, ...]], path: tuple[str, ...], idx: list[int]) -> list[list[int]]:
