@@ -678,6 +678,8 @@ def test_layout_uses_dot_and_caches_it_on_disk(tiny_profile_path, tmp_path):
     renamed = dataclasses.replace(view, items=[dataclasses.replace(view.items[0], key="renamed"), *view.items[1:]])
     gl.cached_layout(renamed, profile.fingerprint, expanded, tmp_path)
     assert json.loads(cache.read_text())["items"][0] == "renamed"
+    cache.write_text("[1, 2]")  # valid JSON, not a layout: laid out anew
+    assert gl.cached_layout(view, profile.fingerprint, expanded, tmp_path).boxes == layout.boxes
     # the geometry of both layouts is checked in tests/test_gui_views.py
 
 

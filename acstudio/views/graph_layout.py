@@ -579,7 +579,7 @@ def cached_layout(view: View, fingerprint: str, expanded: frozenset[str], cache_
             if all(d.get(k) == v for k, v in drawn.items()):
                 return Layout(boxes=[tuple(b) for b in d["boxes"]], edges=[[tuple(p) for p in e] for e in d["edges"]],
                               clusters=[(k, lab, tuple(r)) for k, lab, r in d["clusters"]], engine=d["engine"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # an unreadable cache entry is simply recomputed
     layout = layout_view(view)
     if path is not None and layout.engine == "dot":
