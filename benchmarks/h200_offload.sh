@@ -7,8 +7,10 @@
 #   offload-bert     our plans (offload allowed) at HF GC's and the offload peers' peaks, BERT-base bs16
 #   offload-gpt2     the same, GPT-2 seq 1024 bs16
 #   offload-resnet152 the same, ResNet-152 bs64 (host-bound: the planner prices each offload's host calls)
+#   offload-llama    the same, the bundled sample's bf16 LLaMA-style decoder (168M), seq 1024 bs8
 #   samples          the bundled H200 sample profiles measured again (host link included), as OUT_DIR/samples.tgz
-# OUT_DIR defaults to results/; parts write OUT_DIR/offload/ and OUT_DIR/parity/.
+# OUT_DIR defaults to results/; parts write OUT_DIR/offload/ and OUT_DIR/parity/, and beside each bench file the
+# profile its plans were made from (FOLDER/profiles/), to check the predictions against on a CPU.
 set -u
 part=${1:-list}
 out=${2:-results}
@@ -28,7 +30,15 @@ bench() {  # bench FOLDER NAME BENCH_ARGS...: one bench into /tmp/NAME, its benc
   mkdir -p "$out/$folder"
   timeout "${PART_TIMEOUT_S:-560}" python3 -m acstudio bench "$@" $steps --out "/tmp/$name"
   cp "/tmp/$name/bench.json" "$out/$folder/$name.json"
+  if [ -d "/tmp/$name/profiles" ]; then
+    mkdir -p "$out/$folder/profiles"
+    cp /tmp/"$name"/profiles/*.json.gz "$out/$folder/profiles/"
+  fi
 }
+# The bundled decoder sample's model: 8 layers of width 1024, 32k vocabulary, bf16 autocast, AdamW.
+llama="llama --seq-len 1024 --precision bf16 --optimizer adamw --config hidden_size=1024 \
+  --config intermediate_size=2816 --config num_hidden_layers=8 --config num_attention_heads=16 \
+  --config num_key_value_heads=16 --config vocab_size=32000 --config max_position_embeddings=2048"
 
 case $part in
 list)
@@ -53,10 +63,11 @@ offload-gpt2)
 offload-resnet152)
   bench offload resnet152_bs64_offload_rows resnet152 -b 64 --optimizer adam --configs "$offload_rows"
   ;;
+offload-llama)
+  # shellcheck disable=SC2086  # the model arguments are words
+  bench offload llama_bs8_bf16 $llama -b 8 --configs "$offload_rows"
+  ;;
 samples)
-  llama="llama --seq-len 1024 --precision bf16 --optimizer adamw --config hidden_size=1024 \
-    --config intermediate_size=2816 --config num_hidden_layers=8 --config num_attention_heads=16 \
-    --config num_key_value_heads=16 --config vocab_size=32000 --config max_position_embeddings=2048"
   mkdir -p /tmp/samples
   while read -r name args; do
     # shellcheck disable=SC2086  # the model arguments are words
