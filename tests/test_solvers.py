@@ -224,3 +224,18 @@ def test_every_solver_plans_a_model_without_repeated_blocks(tmp_path):
     for name in SOLVERS:
         got = plan(profile, profile.peak_bytes, name)
         assert got.feasible and got.predicted_peak_bytes <= profile.peak_bytes, name
+
+
+# Seeds whose solvers, asked below the floor, handed back a slower plan than auto finds at the same peak.
+@pytest.mark.parametrize("seed", [100, 106])
+def test_below_the_floor_auto_plans_the_fastest_way_to_its_lowest_peak(seed):
+    p = random_profile(seed, n_forward=12)
+    ctx = PlanContext(p)
+    below = plan(p, ctx.floor_bytes - 1, ctx=ctx)
+    at_peak = plan(p, below.predicted_peak_bytes, ctx=ctx)
+    assert not below.feasible and below.budget_bytes == ctx.floor_bytes - 1
+    assert at_peak.feasible and at_peak.predicted_peak_bytes == below.predicted_peak_bytes
+    assert below.predicted_extra_ms <= at_peak.predicted_extra_ms + 1e-9
+    simulated = simulate_plan(ctx.sim, below.recomputed, below.replay_mode, below.offloaded)
+    assert simulated.peak_bytes == below.predicted_peak_bytes
+    assert below.stop_reason.startswith("budget not met: the fastest plan at the lowest peak reached")

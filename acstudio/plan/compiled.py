@@ -65,7 +65,7 @@ from acstudio.jobs import CancelToken
 from acstudio.plan.baselines import MATMULS, is_attention, node_blocks, per_module, per_op, torchtitan_saved
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, plan_for_mode
+from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, faster_at_lowest_peak, plan_for_mode
 from acstudio.plan.solvers.per_module import NAME as PER_MODULE
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
@@ -219,11 +219,7 @@ def fastest_in_compiled_memory(ctx: PlanContext, budget: int, solver: str, cance
         return found
     lowest = with_torchtitan_held(ctx, plan_for_mode(ctx, found.predicted_peak_bytes, TIMED_MODE, solver, cancel),
                                   solver)
-    if not lowest.feasible or lowest.predicted_extra_ms >= found.predicted_extra_ms:
-        return found
-    return dataclasses.replace(lowest, budget_bytes=budget, feasible=False,
-                               stop_reason=f"budget not met: the fastest plan at the lowest peak reached, "
-                                           f"{lowest.stop_reason.removeprefix('budget met ')}")
+    return faster_at_lowest_peak(found, lowest, budget)
 
 
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,

@@ -28,13 +28,24 @@ from acstudio.plan.solvers.auto import DEFAULT_SOLVER
 from acstudio.plan.solvers.for_mode import fill_budget, plan_for_mode
 from acstudio.plan.solvers.mutwo import NAME as TRAJECTORY_SOLVER
 from acstudio.plan.solvers.mutwo import trajectory
-from acstudio.plan.solvers.registry import LOOKS, SOLVERS, Look, Solver, best_of, floor_solver, get_solver, kept_reason
+from acstudio.plan.solvers.registry import (
+    LOOKS,
+    SOLVERS,
+    Look,
+    Solver,
+    best_of,
+    faster_at_lowest_peak,
+    floor_solver,
+    get_solver,
+    kept_reason,
+)
 from acstudio.plan.solvers.sweep import sweep
 from acstudio.profile.model import Profile
 from acstudio.simulate.simulator import Simulator
 
-__all__ = ["DEFAULT_SOLVER", "LOOKS", "SOLVERS", "TRAJECTORY_SOLVER", "Look", "Solver", "best_of", "fill_budget",
-           "floor_solver", "get_solver", "kept_reason", "plan", "plan_for_mode", "sweep", "trajectory"]
+__all__ = ["DEFAULT_SOLVER", "LOOKS", "SOLVERS", "TRAJECTORY_SOLVER", "Look", "Solver", "best_of",
+           "faster_at_lowest_peak", "fill_budget", "floor_solver", "get_solver", "kept_reason", "plan", "plan_for_mode",
+           "sweep", "trajectory"]
 
 
 def plan(profile: Profile, budget_bytes: int, solver: str = DEFAULT_SOLVER, simulator: Simulator | None = None,

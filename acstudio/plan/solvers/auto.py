@@ -1,7 +1,8 @@
 """``auto``, the default: every solver that runs in auto (:attr:`Solver.auto_order`) is asked for its plan at the
-budget, and the predicted-fastest one that fits is returned (or, if none fits, the lowest peak): by construction no
-plan it knows beats it. Each fixed baseline is priced in the replay mode its real counterpart runs in (per-module
-and √n as ``torch.utils.checkpoint`` on segments: shared chains; recompute-all in whichever mode is faster).
+budget, and the predicted-fastest one that fits is returned (or, if none fits, the fastest at the lowest peak
+reached, planned again at that peak): by construction no plan it knows beats it. Each fixed baseline is priced in
+the replay mode its real counterpart runs in (per-module and √n as ``torch.utils.checkpoint`` on segments: shared
+chains; recompute-all in whichever mode is faster).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from acstudio.jobs import CancelToken, check
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import milp
-from acstudio.plan.solvers.registry import SOLVERS, auto_solvers, best_of, solver
+from acstudio.plan.solvers.registry import SOLVERS, auto_solvers, best_of, faster_at_lowest_peak, solver
 
 NAME = "auto"
 DEFAULT_SOLVER = NAME  # what the CLI and the app plan with unless told otherwise
@@ -58,4 +59,7 @@ def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
         plans.append(ctx.plan_for_set("milp-bound", budget, program.chosen, mode="shared"))
     best = best_of(plans)
     why = f"{best.stop_reason} ({best.solver}'s plan)" if best.recomputed else best.stop_reason
-    return dataclasses.replace(best, solver=NAME, stop_reason=why)
+    best = dataclasses.replace(best, solver=NAME, stop_reason=why)
+    if not best.feasible and best.predicted_peak_bytes < ctx.sim.baseline_peak:
+        best = faster_at_lowest_peak(best, auto_plan(ctx, best.predicted_peak_bytes, cancel), budget)
+    return best
