@@ -3,7 +3,8 @@
 # `acstudio bench` call on one H200, our plans against the strongest peers at those peers' measured peaks.
 # Usage: PYTHONPATH=. benchmarks/grid.sh SHAPE|all|list [OUT_DIR] [eager|compiled]
 #   SHAPE: one of `benchmarks/grid.sh list`, so that one device call (10 minutes at most) runs one shape;
-#   all: every shape in turn. OUT_DIR defaults to results/; each shape writes OUT_DIR/grid/SHAPE.json.
+#   all: every shape in turn. OUT_DIR defaults to results/; each shape writes OUT_DIR/grid/SHAPE.json, and the
+#   profile its plans came from as OUT_DIR/grid/profiles/SHAPE.json.gz.
 #   eager|compiled: only the eager rows or only the compiled ones, into OUT_DIR/grid/SHAPE.eager.json or
 #   SHAPE.compiled.json, for a shape too slow for one device call (each part profiles the shape on its own).
 # Rerun it whenever the planner, the simulator or the compiled model changes.
@@ -67,6 +68,11 @@ run_shape() {  # run_shape NAME MODEL_ARGS...: one bench, bounded (GRID_TIMEOUT_
   # stopped by the timeout, bench keeps the rows it measured
   timeout "${GRID_TIMEOUT_S:-560}" python3 -m acstudio bench "$@" --configs "$rows" $steps --out "/tmp/grid_$name$suffix"
   cp "/tmp/grid_$name$suffix/bench.json" "$out/grid/$name$suffix.json"
+  # the profile the shape's plans were made from, to check their predictions against on a CPU
+  if [ -d "/tmp/grid_$name$suffix/profiles" ]; then
+    mkdir -p "$out/grid/profiles"
+    for f in /tmp/grid_"$name$suffix"/profiles/*.json.gz; do cp "$f" "$out/grid/profiles/$name$suffix.json.gz"; done
+  fi
 }
 
 case $shape in
