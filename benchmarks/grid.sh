@@ -71,7 +71,7 @@ run_shape() {  # run_shape NAME MODEL_ARGS...: one bench, bounded (GRID_TIMEOUT_
   # the profile the shape's plans were made from, to check their predictions against on a CPU
   if [ -d "/tmp/grid_$name$suffix/profiles" ]; then
     mkdir -p "$out/grid/profiles"
-    for f in /tmp/grid_"$name$suffix"/profiles/*.json.gz; do cp "$f" "$out/grid/profiles/$name$suffix.json.gz"; done
+    cp /tmp/grid_"$name$suffix"/profiles/*.json.gz "$out/grid/profiles/$name$suffix.json.gz"  # one: one batch size
   fi
 }
 

@@ -44,9 +44,10 @@ def solve_auto(ctx: PlanContext, budget: int, *, cancel: CancelToken | None = No
 
 
 def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
-              program: milp.MilpResult | None = None) -> Plan:
+              program: milp.MilpResult | None = None, replan: bool = True) -> Plan:
     """``auto``'s plan; ``program``: the shared-mode program's result at ``budget`` if the caller has it (else it
-    is solved here, for at most :func:`auto_program_seconds`)."""
+    is solved here, for at most :func:`auto_program_seconds`). ``replan``: where none fits, plan once more at the
+    lowest peak reached (the one level of that search, never a chain of them)."""
     plans = []
     for name in auto_solvers():
         check(cancel)
@@ -60,6 +61,6 @@ def auto_plan(ctx: PlanContext, budget: int, cancel: CancelToken | None = None,
     best = best_of(plans)
     why = f"{best.stop_reason} ({best.solver}'s plan)" if best.recomputed else best.stop_reason
     best = dataclasses.replace(best, solver=NAME, stop_reason=why)
-    if not best.feasible and best.predicted_peak_bytes < ctx.sim.baseline_peak:
-        best = faster_at_lowest_peak(best, auto_plan(ctx, best.predicted_peak_bytes, cancel), budget)
+    if replan and not best.feasible and best.predicted_peak_bytes < ctx.sim.baseline_peak:
+        best = faster_at_lowest_peak(best, auto_plan(ctx, best.predicted_peak_bytes, cancel, replan=False), budget)
     return best
