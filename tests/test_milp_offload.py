@@ -170,7 +170,7 @@ def test_stopped_before_any_solution_it_answers_with_mutwos_faster_plan(small_co
 
 def test_on_a_real_model_the_plan_offloads_rewrites_as_predicted_and_beats_the_greedy():
     *_, step, profile = captured("gpt2")
-    gpu = on_gpu(profile, rate_gb_s=0.5)  # copies a few times longer than the nodes they run beside
+    gpu = on_gpu(profile, rate_gb_s=0.25)  # copies several times longer than the nodes they run beside
     budget = int(profile.peak_bytes * 0.8)
     ctx = PlanContext(gpu, offload=True)
     plan = make_plan(gpu, budget, "milp", ctx=ctx)
