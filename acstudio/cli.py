@@ -453,9 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan for torch.compile (exported with --format sac): the measured peak of the compiled model "
                         "with every block checkpointed (`acstudio bench ... --configs compile+per-block`), which "
                         "calibrates the compiled prediction; --budget is then the compiled step's")
-    p.add_argument("--compiled-step-ms", metavar="COMPILE,PER_BLOCK",
+    p.add_argument("--compiled-step-ms", metavar="COMPILE,PER_BLOCK[,PER_OP]",
                    help="with --compiled-per-block-peak: the measured median step times (ms) of compile and "
-                        "compile+per-block, which calibrate the compiled replay times the planner prices plans at")
+                        "compile+per-block (and compile+per-op, which prices the fused ops a replay reruns), which "
+                        "calibrate the compiled replay times the planner prices plans at")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")

@@ -31,6 +31,12 @@ def compiled_memory_saving(ctx, recomputed) -> int:
     return get_mode("sac").peak(ctx.sim, recomputed)[0] - get_mode("sac-compiled").peak(ctx.sim, recomputed)[0]
 
 
+def with_dropouts_saved(ctx, recomputed) -> list[int]:
+    """``recomputed`` less what the random ops write: their masks kept, the dropouts are saved compiled too."""
+    draws = set(ctx.rg.rng_nodes.tolist())
+    return [k for k in recomputed if int(ctx.rg.created[k]) not in draws]
+
+
 def test_compiled_memory_holds_a_saved_ops_outputs_only_where_a_recompute_reads_them(gpt2):
     """Saving a dropout keeps its mask; eager SAC's cache also holds its output until the replay, the compiled step
     only where the recomputed ops read it. GPT-2's MLP dropout feeds the block's output add, which backward does not
@@ -40,10 +46,19 @@ def test_compiled_memory_holds_a_saved_ops_outputs_only_where_a_recompute_reads_
     for ctx in (gpt2, bert):
         assert compiled_memory_saving(ctx, per_module(ctx)) == 0
         blocks = sac_blocks(ctx.sim)
-        forms = [blocks._block(b, asked) for b, asked in blocks._asked(per_op(ctx)).items()]
-        assert sum(len(f.saved_scratch) for f in forms) == 24  # two saved dropouts per layer, 12 layers
-    assert compiled_memory_saving(gpt2, per_op(gpt2)) == 12 * HIDDEN_STATE
-    assert compiled_memory_saving(bert, per_op(bert)) == 0
+        saved = with_dropouts_saved(ctx, per_op(ctx))
+        for compiled in (False, True):
+            forms = [blocks._block(b, asked, compiled) for b, asked in blocks._asked(saved).items()]
+            assert sum(len(f.saved_scratch) for f in forms) == 24  # two saved dropouts per layer, 12 layers
+    assert compiled_memory_saving(gpt2, with_dropouts_saved(gpt2, per_op(gpt2))) == 12 * HIDDEN_STATE
+    assert compiled_memory_saving(bert, with_dropouts_saved(bert, per_op(bert))) == 0
+
+
+def test_compiled_a_saved_attention_leaves_the_dropouts_recomputed(gpt2):
+    """torchtitan's per-op set saves attention, which draws: eager SAC saves the block's dropouts with it, the
+    compiled step recomputes them, each under its own generator state, so it holds each layer's two dropout outputs
+    and two masks (a quarter of a hidden state each, bool) less."""
+    assert compiled_memory_saving(gpt2, per_op(gpt2)) == 12 * (2 * HIDDEN_STATE + 2 * HIDDEN_STATE // 4)
 
 
 @pytest.mark.parametrize("factor", [1.1, 1.4, 1.7])

@@ -7,7 +7,7 @@ import pytest
 
 from acstudio.bench import runner
 from acstudio.bench.configs import BenchConfig
-from acstudio.plan.baselines import MATMULS, is_attention, per_op
+from acstudio.plan.baselines import MATMULS, is_attention, per_module, per_op
 from acstudio.plan.compiled import (
     CompiledTimes,
     compiled_context,
@@ -19,6 +19,7 @@ from acstudio.plan.compiled import (
 )
 from acstudio.plan.loading import load_plan
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.solvers import tighten_to_budget
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.sac import SAVE, sac_blocks, simulate_sac
@@ -27,6 +28,7 @@ MiB = 2**20
 LLAMA = "sample_profiles/h200_llama_bs8_bf16_adamw.json.gz"
 MEASURED = 3870 * MiB  # compile+per-block on the H200 (results/superseded/llama_bs8_sac_in_process.json)
 TIMES = CompiledTimes(23.5, 28.3)  # compile's and compile+per-block's step times, ms (..._llama_bs8_sac_compiled.json)
+WITH_PER_OP = CompiledTimes(23.5, 28.3, 25.3)  # and compile+per-op's (25.3 in ..._llama_bs8_sac_compiled_in_process)
 PER_OP_PEAK = 4612 * MiB  # compile+per-op's measured peak, there
 
 
@@ -203,6 +205,40 @@ def test_where_the_optimizer_step_sets_every_plans_peak_the_memory_beneath_it_is
 def test_compiled_step_times_parse():
     assert CompiledTimes.parse("23.5,28.3") == TIMES
     assert CompiledTimes.parse(str(TIMES)) == TIMES  # what bench hands its workers
+    assert CompiledTimes.parse(str(WITH_PER_OP)) == WITH_PER_OP == CompiledTimes.parse("23.5,28.3,25.3")
+
+
+def test_with_compile_per_ops_time_both_calibration_points_are_predicted_exactly(ctx):
+    """Given compile+per-op's step time too, fused replays get a factor of their own: per-module's compiled
+    replays cost what compile+per-block measured over compile, and torchtitan's set as it runs compiled what
+    compile+per-op measured. A third time the two points cannot both explain (no slower than compile, here)
+    leaves the fused ops free, as without it."""
+    timed = compiled_context(ctx, WITH_PER_OP)
+    kernels, fused = timed.cache["replay_scales"]
+    assert kernels > 0 and fused > 0 and kernels < compiled_context(ctx, TIMES).cache["replay_scales"][0]
+    mode, t = get_mode("sac-compiled"), WITH_PER_OP
+    assert mode.peak(timed.sim, per_module(ctx))[2] == pytest.approx(t.per_block_ms - t.compile_ms)
+    assert mode.peak(timed.sim, torchtitan_held(ctx))[2] == pytest.approx(t.per_op_ms - t.compile_ms)
+    unexplained = compiled_context(ctx, dataclasses.replace(t, per_op_ms=t.compile_ms + 0.01))
+    assert unexplained.cache["replay_scales"] == compiled_context(ctx, TIMES).cache["replay_scales"]
+
+
+def test_a_peers_set_a_little_over_the_budget_is_tightened_to_it(ctx):
+    """torchtitan's set, predicted just over a budget (its own measured peak less the bench's headroom), frees
+    the cheapest activation that makes it fit, and that is the only change."""
+    timed = compiled_context(ctx, WITH_PER_OP)
+    mode = get_mode("sac-compiled")
+    held = torchtitan_held(ctx)
+    peak, _, ms = mode.peak(timed.sim, held)
+    budget = peak - 1
+    over = timed.plan_for_set("auto", budget, held, mode="sac-compiled")
+    tightened, freed = tighten_to_budget(timed, over, budget, "sac-compiled")
+    assert not over.feasible and tightened.feasible and freed == 1
+    added = set(timed.sim.indices(tightened.recomputed)) - set(held)
+    assert len(added) == 1 and set(held) <= set(timed.sim.indices(tightened.recomputed))
+    fitting = [mode.peak(timed.sim, [*held, k])[2] for k in timed.rg.candidates
+               if k not in set(held) and mode.peak(timed.sim, [*held, k])[0] <= budget]
+    assert tightened.predicted_extra_ms == pytest.approx(min(fitting)) and tightened.predicted_extra_ms > ms
 
 
 def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(tmp_path, monkeypatch):
@@ -211,7 +247,7 @@ def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(t
 
     def fake_worker(cfg, stem, **kwargs):
         seen.append(cfg)
-        ms = 1.5 if cfg["config"] == "compile+per-block" else 1.0
+        ms = {"compile+per-block": 1.5, "compile+per-op": 1.2}.get(cfg["config"], 1.0)
         return runner.base_row(cfg) | {"status": "ok", "peak_bytes": 1000 * MiB, "time_ms_median": ms,
                                        "time_ms_iqr": 0.0}
 
@@ -223,8 +259,9 @@ def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(t
     by_config = {cfg["config"]: cfg for cfg in seen}
     assert [cfg["config"] for cfg in seen].count("compile+per-block") == 1
     assert [cfg["config"] for cfg in seen].count("compile") == 1
+    assert [cfg["config"] for cfg in seen].count("compile+per-op") == 1
     for name in ("sac+compile@3GiB", "sac+compile@compile+per-op"):
         assert by_config[name]["compiled_per_block_peak"] == f"{1000 * MiB}B"
-        assert CompiledTimes.parse(by_config[name]["compiled_step_ms"]) == CompiledTimes(1.0, 1.5)
+        assert CompiledTimes.parse(by_config[name]["compiled_step_ms"]) == CompiledTimes(1.0, 1.5, 1.2)
     assert "compiled_per_block_peak" not in by_config["sac@3GiB"]
     assert BenchConfig.parse("fsdp+sac+compile@fsdp+per-block").spec.compiled

@@ -67,7 +67,9 @@ def test_sac_mode_offloads_what_its_ops_can_and_prices_it_with_the_offload_sched
     assert form.result.peak_bytes == with_offload.peak_bytes
 
 
-def test_a_policy_with_offload_round_trips_as_version_2_and_one_without_stays_version_1(tmp_path):
+def test_a_policy_is_written_at_the_lowest_version_that_holds_its_decisions(tmp_path):
+    """Offload decisions need version 2, save-eager ones (the tiny GPT-2's random ops, saved together in eager)
+    version 3; a policy with neither stays version 1, which older readers read. Each reads back as written."""
     profile, plan, plain, _ = offload_plans("gpt2")
     policy = sac.SacPolicy.from_plan(profile, plan.recomputed, plan.offloaded)
     without = sac.SacPolicy.from_plan(profile, plain.recomputed)
@@ -75,16 +77,21 @@ def test_a_policy_with_offload_round_trips_as_version_2_and_one_without_stays_ve
     assert policy.offload_bytes == simulate_sac(profile, plan.recomputed, plan.offloaded).result.offload.moved_bytes
     assert [d.save for ops in policy.blocks.values() for d in ops] == \
         [d.save for ops in without.blocks.values() for d in ops]  # offloaded ops are saved ops, moved
-    for name, p, version in (("off", policy, 2), ("plain", without, 1)):
+    plain_ops = {b: [dataclasses.replace(d, eager_only=False) for d in ops] for b, ops in without.blocks.items()}
+    oldest = dataclasses.replace(without, blocks=plain_ops)
+    offload_only = dataclasses.replace(policy, blocks={b: [dataclasses.replace(d, eager_only=False) for d in ops]
+                                                       for b, ops in policy.blocks.items()})
+    for name, p, version in (("off", offload_only, 2), ("plain", oldest, 1), ("both", policy, 3)):
         (tmp_path / name).mkdir()
         p.save(tmp_path / name)
         doc = json.loads((tmp_path / name / sac.POLICY_FILE).read_text())
-        assert doc["version"] == version and ("offload_bytes" in doc) == (version == 2)
-        assert any(how == "offload" for ops in doc["blocks"].values() for _, _, how in ops) == (version == 2)
+        decisions = {how for ops in doc["blocks"].values() for _, _, how in ops}
+        assert doc["version"] == version and ("offload_bytes" in doc) == p.offloads
+        assert ("offload" in decisions) == p.offloads and ("save-eager" in decisions) == (version == 3)
         assert sac.SacPolicy.load(tmp_path / name) == p
     (tmp_path / "later").mkdir()
-    write_document(tmp_path / "later" / sac.POLICY_FILE, sac.POLICY_SCHEMA, 3, policy.to_dict())
-    with pytest.raises(ProfileFileError, match=r"version 3 is not supported .*reads version 2"):
+    write_document(tmp_path / "later" / sac.POLICY_FILE, sac.POLICY_SCHEMA, 4, policy.to_dict())
+    with pytest.raises(ProfileFileError, match=r"version 4 is not supported .*reads version 3"):
         sac.SacPolicy.load(tmp_path / "later")
 
 

@@ -51,7 +51,7 @@ class Request:
     compile_backend: str = "inductor"
     budget: str | None = None
     compiled_per_block_peak: str | None = None  # compile+per-block's measured peak, for sac+compile's prediction
-    compiled_step_ms: str | None = None  # compile's and compile+per-block's step times, for sac+compile's planner
+    compiled_step_ms: str | None = None  # compile's, compile+per-block's (compile+per-op's): sac+compile's planner
     dist: Any = None  # acstudio.bench.distributed.Ranks
     nproc: int = 1  # ranks of an fsdp+/ddp+ configuration (its planning process runs alone)
 

@@ -5,8 +5,8 @@ as the ``done`` message of :mod:`acstudio.child_process`. The config holds
 ``spec`` (a WorkloadSpec dict), ``config`` (e.g. ``"per-block"``), ``device``, ``warmup``, ``iters`` and
 optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's resolved budget),
 ``compiled_per_block_peak`` (compile+per-block's measured peak, which calibrates a compiled plan),
-``compiled_step_ms`` (compile's and compile+per-block's step times, which calibrate its replay times) and
-``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
+``compiled_step_ms`` (compile's, compile+per-block's and compile+per-op's step times, which calibrate its replay
+times) and ``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
 allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration.
 With ``"task": "plan"`` it runs a planned configuration's profiling and planning instead
 (:func:`acstudio.bench.steps.plan_ahead`), in a process before the measuring one.

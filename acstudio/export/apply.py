@@ -4,8 +4,10 @@ Every block the plan frees something in is wrapped in a non-reentrant ``torch.ut
 ``context_fn`` builds ``create_selective_checkpoint_contexts`` around a :class:`BlockPolicy`: ``MUST_SAVE`` for the
 ops whose outputs the plan keeps, ``MUST_RECOMPUTE`` for those it frees. ``MUST_*`` decisions are binding for
 ``torch.compile``'s partitioner too, so a compiled model follows the plan instead of solving again. The RNG state
-is preserved (non-reentrant checkpoint's ``preserve_rng_state``; under compile, Inductor's RNG functionalization),
-and a block's random ops are all saved or all recomputed, so a replay draws exactly what forward drew. A replay
+is preserved (non-reentrant checkpoint's ``preserve_rng_state``; under compile, AOTAutograd's RNG
+functionalization), and in eager a block's random ops are all saved or all recomputed, so a replay draws exactly
+what forward drew; under compile, where each recomputed random op keeps its own generator state, the ops the
+policy saves only for that rule (``save-eager``) are recomputed. A replay
 leaves the block's buffers as forward left them, so training-mode BatchNorm is recomputed without a second update.
 
 An op the plan offloads is ``MUST_SAVE`` too, and SAC's cache of its output passes through saved-tensors hooks
@@ -32,6 +34,7 @@ the same model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import warnings
@@ -99,14 +102,15 @@ class BlockPolicy:
     differs raises :class:`ModelMismatchError` naming it.
     """
 
-    def __init__(self, block: str, ops: list[OpDecision], call: _OffloadCall | None = None) -> None:
+    def __init__(self, block: str, ops: list[OpDecision], call: _OffloadCall | None = None,
+                 compiled: bool = False) -> None:
         self.block = block
         self.ops = ops
         self.decisions: dict[tuple[str, int], bool] = {}
         self.offloaded: set[tuple[str, int]] = set()
         seen: Counter[str] = Counter()
         for d in ops:
-            self.decisions[(d.op, seen[d.op])] = d.save
+            self.decisions[(d.op, seen[d.op])] = d.save and not (compiled and d.eager_only)
             if d.offload:
                 self.offloaded.add((d.op, seen[d.op]))
             seen[d.op] += 1
@@ -196,7 +200,7 @@ def _contexts(block: str, module: torch.nn.Module, ops: list[OpDecision], polici
 
     Under torch.compile the partitioner recomputes the functional ops only and mutates buffers once, in forward,
     so the buffers are restored in eager only (torch 2.11 also refuses any recompute context but SAC's own)."""
-    policy = BlockPolicy(block, ops, call)
+    policy = BlockPolicy(block, ops, call, compiled=_under_compile())
     policies.append(policy)
     forward_context, recompute_context = create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
     if _under_compile():
@@ -223,8 +227,7 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offlo
     only their BatchNorm counters (docs/results.md measures it). A block with ``offload`` decisions copies those
     outputs to the host through ``offload`` (eager only; see the module)."""
     inner = getattr(module, _INNER, module.forward)
-    ops = [OpDecision(canonical(d.op), d.module, d.save, d.updates_state, d.offload) for d in ops
-           if d.op not in _IGNORED]
+    ops = [dataclasses.replace(d, op=canonical(d.op)) for d in ops if d.op not in _IGNORED]
     policies: list[BlockPolicy] = []
     plain = not any(d.save and not d.updates_state for d in ops if d.op not in _FLOATING)
     offloads = offload is not None and any(d.offload for d in ops)

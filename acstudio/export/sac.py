@@ -6,12 +6,16 @@ at capture, never guessed: its block, its aten overload and its occurrence among
 block's forward. :func:`acstudio.apply_plan` reads this file.
 
 A decision is ``save``, ``recompute``, ``update`` (an op that updates module state, BatchNorm's
-``num_batches_tracked += 1``, saved under the policy so that the replay does not update it twice) or ``offload``
-(saved, its output copied to host memory after forward and back for the replay). A block whose only saved ops are
-updates can run a plain checkpoint instead, which puts the block's buffers back after the replay.
+``num_batches_tracked += 1``, saved under the policy so that the replay does not update it twice), ``offload``
+(saved, its output copied to host memory after forward and back for the replay) or ``save-eager`` (saved in eager
+only because the block's other random ops are: eager replays draw from the generator state the block started with;
+under torch.compile each recomputed random op keeps its own, so it is recomputed, as the compiled plan priced it).
+A block whose only saved ops are updates can run a plain checkpoint instead, which puts the block's buffers back
+after the replay.
 
-Version 2 adds ``offload`` and the bytes the policy offloads; a policy without offload is written as version 1,
-which earlier versions of AC Studio read too, and both are read. Offload runs only where the installed torch
+Version 2 adds ``offload`` and the bytes the policy offloads, version 3 ``save-eager``; each policy is written at
+the lowest version that holds its decisions (one without either is version 1, which earlier versions of AC Studio
+read too), and all three are read. Offload runs only where the installed torch
 passes SAC's cache through saved-tensors hooks (:func:`offload_unsupported`); elsewhere a plan
 that offloads is refused here, naming the form that runs it.
 """
@@ -34,8 +38,7 @@ from acstudio.simulate.sac import OFFLOAD, SAVE, is_op, simulate_sac
 
 POLICY_FILE = "sac_policy.json"
 POLICY_SCHEMA = "acstudio.sac_policy"
-POLICY_VERSION = 2  # written when the policy offloads
-PLAIN_VERSION = 1  # written when it does not: no offload decisions, no offload_bytes
+VERSIONS = (3, 2, 1)  # read; written: 3 with a save-eager decision, else 2 when it offloads, else 1
 OFFLOAD_FORM = "export the step format and run it with acstudio.load_step"
 
 
@@ -46,6 +49,7 @@ class OpDecision:
     save: bool
     updates_state: bool = False  # saved because it updates module state, not for the plan
     offload: bool = False  # saved, its output copied to host memory and back
+    eager_only: bool = False  # saved in eager for the block's random ops; recomputed under torch.compile
 
 
 @dataclass
@@ -71,7 +75,7 @@ class SacPolicy:
         form = simulate_sac(profile, recomputed, offloaded)
         by_id = profile.node_by_id
         blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how in (SAVE, OFFLOAD), i in form.state_updates,
-                                 how == OFFLOAD)
+                                 how == OFFLOAD, i in form.eager_only)
                       for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
         moved = form.result.offload.moved_bytes if form.result.offload is not None else 0
         return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms,
@@ -80,6 +84,12 @@ class SacPolicy:
     @property
     def offloads(self) -> bool:
         return any(d.offload for ops in self.blocks.values() for d in ops)
+
+    @property
+    def version(self) -> int:
+        """The lowest file version that holds its decisions (see the module)."""
+        decisions = [d for ops in self.blocks.values() for d in ops]
+        return 3 if any(d.eager_only and not d.offload for d in decisions) else 2 if self.offloads else 1
 
     def to_dict(self) -> dict:
         d = {"profile_fingerprint": self.profile_fingerprint,
@@ -90,26 +100,27 @@ class SacPolicy:
 
     @classmethod
     def from_dict(cls, d: dict) -> SacPolicy:
-        blocks = {b: [OpDecision(op, module, how in ("save", "update", "offload"), how == "update", how == "offload")
+        blocks = {b: [OpDecision(op, module, how in ("save", "update", "offload", "save-eager"), how == "update",
+                                 how == "offload", how == "save-eager")
                       for op, module, how in ops] for b, ops in d["blocks"].items()}
         return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"],
                    {k: list(v) for k, v in d.get("containers", {}).items()}, int(d.get("offload_bytes", 0)))
 
     def save(self, directory: Path) -> str:
         path = Path(directory) / POLICY_FILE
-        write_document(path, POLICY_SCHEMA, POLICY_VERSION if self.offloads else PLAIN_VERSION, self.to_dict())
+        write_document(path, POLICY_SCHEMA, self.version, self.to_dict())
         return str(path)
 
     @classmethod
     def load(cls, directory: str | Path) -> SacPolicy:
         path = Path(directory) / POLICY_FILE
-        try:
-            return cls.from_dict(read_document(path, POLICY_SCHEMA, POLICY_VERSION))
-        except ProfileFileError as newest:
+        newest = None
+        for version in VERSIONS:
             try:
-                return cls.from_dict(read_document(path, POLICY_SCHEMA, PLAIN_VERSION))
-            except ProfileFileError:
-                raise newest from None
+                return cls.from_dict(read_document(path, POLICY_SCHEMA, version))
+            except ProfileFileError as exc:
+                newest = newest or exc
+        raise newest
 
 
 def containers(profile: Profile, blocks) -> dict[str, list[str]]:
@@ -127,7 +138,7 @@ def containers(profile: Profile, blocks) -> dict[str, list[str]]:
 def _decision(d: OpDecision) -> str:
     if not d.save:
         return "recompute"
-    return "update" if d.updates_state else OFFLOAD if d.offload else "save"
+    return "update" if d.updates_state else OFFLOAD if d.offload else "save-eager" if d.eager_only else "save"
 
 
 def policy(job: ExportJob) -> SacPolicy:

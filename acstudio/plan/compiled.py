@@ -23,15 +23,23 @@ activations they save.
 
 Time changes too. A recomputed matmul, convolution or attention runs a library kernel compiled as in eager, but
 Inductor fuses the pointwise ops and reductions around it into kernels that run anyway, so replaying them costs
-next to nothing; and the partitioner recomputes only what backward reads depends on (the "sac-compiled" mode),
-where eager's replay reruns the block up to the last of it. Planned on eager times, a plan keeps cheap-to-store
-pointwise outputs (a decoder's bf16 weight casts) and recomputes matmuls, the opposite of what pays compiled.
-Given the measured step times of compile and compile+per-block (:class:`CompiledTimes`), replays are priced as
-their library kernels only, scaled by one factor calibrated the same way as the peak:
+a fraction of their eager time; and the partitioner recomputes only what backward reads depends on (the
+"sac-compiled" mode), where eager's replay reruns the block up to the last of it. Planned on eager times, a plan
+keeps cheap-to-store pointwise outputs (a decoder's bf16 weight casts) and recomputes matmuls, the opposite of
+what pays compiled. Given the measured step times of compile and compile+per-block (:class:`CompiledTimes`),
+replays are priced as their library kernels, scaled by one factor calibrated the same way as the peak:
 
-    compile+per-block - compile = scale * the library-kernel eager time of per-module's replays,
+    compile+per-block - compile = kernels * the library-kernel eager time of per-module's replays,
 
-so the calibration point is exact; the scale does not change which plan is faster (:func:`compiled_context`).
+so the calibration point is exact. With compile+per-op's time too, the fused ops get a factor of their own, from
+the second point (torchtitan's set as it runs compiled, :func:`torchtitan_held`), which replays few matmuls and
+many fused ops:
+
+    compile+per-op - compile = kernels * its library-kernel time + fused * its other ops' time.
+
+Measured on GPT-2 (seq 1024), the fused ops cost a quarter of their eager time (0.25, kernels 0.98): priced at
+nothing, torchtitan's compiled replays were predicted at half their measured 9.8 ms, and a plan that replays a
+few more of them than it at its own peak looked free (:func:`compiled_context`).
 
 torchtitan's op-level policy, the compiled peer, is one of the plans compared, but not as the per-op set: the
 policy saves every odd matmul, also one whose output backward never reads (a decoder's query projection, before
@@ -65,7 +73,7 @@ from acstudio.jobs import CancelToken
 from acstudio.plan.baselines import MATMULS, is_attention, node_blocks, per_module, per_op, torchtitan_saved
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
-from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, faster_at_lowest_peak, plan_for_mode
+from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, faster_at_lowest_peak, plan_for_mode, tighten_to_budget
 from acstudio.plan.solvers.per_module import NAME as PER_MODULE
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
@@ -88,31 +96,37 @@ def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
 
 @dataclass(frozen=True)
 class CompiledTimes:
-    """Measured median step times of the compiled model without checkpointing and under per-block checkpointing."""
+    """Measured median step times of the compiled model without checkpointing and under per-block checkpointing,
+    and, where measured, under torchtitan's op-level policy (compile+per-op)."""
 
     compile_ms: float
     per_block_ms: float
+    per_op_ms: float | None = None
 
     def __post_init__(self) -> None:
-        if not (self.compile_ms > 0 and self.per_block_ms > 0):
-            raise ACStudioError(f"compiled step times must be positive milliseconds, not {self.compile_ms} and "
-                                f"{self.per_block_ms} — give compile's and compile+per-block's, e.g. 23.0,27.2")
+        given = [self.compile_ms, self.per_block_ms] + ([self.per_op_ms] if self.per_op_ms is not None else [])
+        if not all(t > 0 for t in given):
+            raise ACStudioError(f"compiled step times must be positive milliseconds, not "
+                                f"{', '.join(f'{t:g}' for t in given)} — give compile's and compile+per-block's "
+                                "(and compile+per-op's), e.g. 23.0,27.2")
 
     @classmethod
     def parse(cls, text: str) -> CompiledTimes:
-        """``"23.0,27.2"``: compile's and compile+per-block's step times in ms."""
+        """``"23.0,27.2"`` or ``"23.0,27.2,24.1"``: compile's, compile+per-block's (and compile+per-op's) step
+        times in ms."""
         parts = text.split(",")
         try:
             values = [float(v) for v in parts]
         except ValueError:
             values = []
-        if len(values) != 2 or not all(np.isfinite(values)):
-            raise ACStudioError(f"compiled step times {text!r} are not two numbers — give compile's and "
-                                "compile+per-block's median step times in ms, e.g. 23.0,27.2")
+        if len(values) not in (2, 3) or not all(np.isfinite(values)):
+            raise ACStudioError(f"compiled step times {text!r} are not two or three numbers — give compile's and "
+                                "compile+per-block's (and compile+per-op's) median step times in ms, e.g. 23.0,27.2")
         return cls(*values)
 
     def __str__(self) -> str:
-        return f"{self.compile_ms!r},{self.per_block_ms!r}"
+        times = [self.compile_ms, self.per_block_ms] + ([self.per_op_ms] if self.per_op_ms is not None else [])
+        return ",".join(repr(t) for t in times)
 
 
 def is_library_kernel(target: str) -> bool:
@@ -120,27 +134,42 @@ def is_library_kernel(target: str) -> bool:
     return target in MATMULS or is_attention(target) or target.startswith("aten.convolution")
 
 
-def kernel_scale(ctx: PlanContext, times: CompiledTimes, kernel: np.ndarray) -> float:
-    """What a replayed library kernel (``kernel``: per node) costs compiled per ms of its eager time, calibrated on
-    per-module (see the module): 1 where per-module replays no library kernel or compile+per-block measured no
-    slower."""
+def replay_scales(ctx: PlanContext, times: CompiledTimes, kernel: np.ndarray) -> tuple[float, float]:
+    """What a replayed library kernel (``kernel``: per node) and a replayed fused op cost compiled per ms of their
+    eager time, calibrated on per-module and, with compile+per-op's time, on torchtitan's set (see the module).
+
+    Library kernels: 1 where per-module replays none or compile+per-block measured no slower. Fused ops: 0 without
+    compile+per-op's time, or where the two points do not give both factors positive (then the kernels' factor is
+    per-module's alone)."""
     mode = get_mode(TIMED_MODE)
-    replayed = [i for r in mode.schedule(ctx.sim, per_module(ctx)).replays for i in mode.needed(ctx.sim, r)]
-    kernels = float(ctx.rg.run_ms[[i for i in replayed if kernel[i]]].sum())
+
+    def eager_ms(recomputed: list[int]) -> tuple[float, float]:
+        replayed = [i for r in mode.schedule(ctx.sim, recomputed).replays for i in mode.needed(ctx.sim, r)]
+        ms, is_kernel = ctx.rg.run_ms[replayed], kernel[replayed]
+        return float(ms[is_kernel].sum()), float(ms[~is_kernel].sum())
+
+    kernels, fused = eager_ms(per_module(ctx))
     measured = times.per_block_ms - times.compile_ms
-    return measured / kernels if kernels > 0 and measured > 0 else 1.0
+    alone = (measured / kernels if kernels > 0 and measured > 0 else 1.0), 0.0
+    if times.per_op_ms is None:
+        return alone
+    system = np.array([[kernels, fused], eager_ms(torchtitan_held(ctx))])
+    if abs(np.linalg.det(system)) < 1e-9:
+        return alone
+    both = np.linalg.solve(system, [measured, times.per_op_ms - times.compile_ms])
+    return (float(both[0]), float(both[1])) if both[0] > 0 and both[1] >= 0 else alone
 
 
 def compiled_context(ctx: PlanContext, times: CompiledTimes) -> PlanContext:
-    """A plan context of the same profile whose replays cost what they cost compiled: library kernels
-    :func:`kernel_scale` times their eager time, fused ops nothing (built once per ``times``, cached on ``ctx``)."""
+    """A plan context of the same profile whose replays cost what they cost compiled: library kernels and fused
+    ops their :func:`replay_scales` times their eager time (built once per ``times``, cached on ``ctx``)."""
     key = ("compiled", times, ctx.rg.keep_random)
     if key not in ctx.cache:
         kernel = np.array([is_library_kernel(nd.target) for nd in ctx.profile.nodes], dtype=bool)
-        scale = kernel_scale(ctx, times, kernel)
-        replay = ReplayGraph(ctx.profile, ctx.rg.keep_random, node_ms=np.where(kernel, ctx.rg.run_ms * scale, 0.0))
+        scales = replay_scales(ctx, times, kernel)
+        replay = ReplayGraph(ctx.profile, ctx.rg.keep_random, node_ms=ctx.rg.run_ms * np.where(kernel, *scales))
         compiled = PlanContext(ctx.profile, Simulator(ctx.profile, replay))
-        compiled.cache["kernel_scale"] = scale
+        compiled.cache["replay_scales"] = scales
         ctx.cache[key] = compiled
     return ctx.cache[key]
 
@@ -191,19 +220,24 @@ def _torchtitan_held(ctx: PlanContext) -> list[int]:
     return [k for k in freed if k not in kept]
 
 
-def with_torchtitan_held(ctx: PlanContext, found: Plan, solver: str) -> Plan:
+def with_torchtitan_held(ctx: PlanContext, found: Plan, solver: str, cancel: CancelToken | None = None) -> Plan:
     """``found`` or, where it is faster in the compiled memory (or, neither fitting, lower or as low and faster),
-    torchtitan's set as its policy runs compiled (:func:`torchtitan_held`); a plan asked of one solver stays
-    that solver's."""
+    torchtitan's set as its policy runs compiled (:func:`torchtitan_held`), tightened to the budget where it is
+    over (:func:`~acstudio.plan.solvers.tighten_to_budget`: at compile+per-op's own measured peak, less the
+    planning headroom, its prediction is a few MiB over); a plan asked of one solver stays that solver's."""
     if solver != DEFAULT_SOLVER:
         return found
     held = ctx.plan_for_set(found.solver, found.budget_bytes, torchtitan_held(ctx), mode=TIMED_MODE)
+    freed = 0
+    if not held.feasible:
+        held, freed = tighten_to_budget(ctx, held, found.budget_bytes, TIMED_MODE, cancel)
     best = best_of([found, held])
     if best is found:
         return found
     fits = "met" if held.feasible else "not met"
+    more = f", then {freed} more activations recomputed to fit" if freed else ""
     return dataclasses.replace(held, stop_reason=f"budget {fits} in {TIMED_MODE} mode (torchtitan's policy as it "
-                               "runs compiled)")
+                               f"runs compiled{more})")
 
 
 def fastest_in_compiled_memory(ctx: PlanContext, budget: int, solver: str, cancel: CancelToken | None) -> Plan:
@@ -214,12 +248,26 @@ def fastest_in_compiled_memory(ctx: PlanContext, budget: int, solver: str, cance
     the budget of a peer measured there, less the planning headroom, sits just below that peak. Of the plans at
     it, the lowest-peak one found first is usually not the fastest; planned at that peak, the solvers and the
     filling use the memory beneath it."""
-    found = with_torchtitan_held(ctx, plan_for_mode(ctx, budget, TIMED_MODE, solver, cancel), solver)
+    found = with_torchtitan_held(ctx, plan_for_mode(ctx, budget, TIMED_MODE, solver, cancel), solver, cancel)
     if found.feasible:
         return found
     lowest = with_torchtitan_held(ctx, plan_for_mode(ctx, found.predicted_peak_bytes, TIMED_MODE, solver, cancel),
-                                  solver)
+                                  solver, cancel)
     return faster_at_lowest_peak(found, lowest, budget)
+
+
+def with_compiled_frees(chosen: Plan, compiled_memory: Plan) -> Plan:
+    """``chosen`` (the set as eager SAC runs it, which frees only what it frees) with the activations that only the
+    compiled step frees added, and their replays: the outputs of random ops that eager SAC saves beside another
+    saved random op of their block (:mod:`acstudio.simulate.sac`). The exported policy marks those ops
+    ``save-eager``, and torch.compile recomputes them, as ``compiled_memory`` priced them; dropped from the plan,
+    they would be saved compiled too (a GPT-2 layer's two dropout masks)."""
+    have = set(chosen.recomputed)
+    extra = [a for a in compiled_memory.recomputed if a not in have]
+    if not extra:
+        return chosen
+    replays = [e for e in compiled_memory.schedule if e.activation in set(extra)]
+    return dataclasses.replace(chosen, recomputed=[*chosen.recomputed, *extra], schedule=[*chosen.schedule, *replays])
 
 
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,
@@ -250,12 +298,14 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
         chosen = ctx.plan_for_set(fast.solver, budget + offset, ctx.sim.indices(fast.recomputed), fast.stop_reason,
                                   mode=COMPILED_MODE)
         extra = {"compiled_extra_ms": fast.predicted_extra_ms}
-        why += (f" and its step time ({times.per_block_ms:g} ms against compile's {times.compile_ms:g}: replayed "
-                f"matmuls, convolutions and attention at {timed.cache['kernel_scale']:.2f}x their eager time, "
-                f"fused ops free); compiled +{fast.predicted_extra_ms:.2f} ms")
+        kernels, fused = timed.cache["replay_scales"]
+        per_op = f" and compile+per-op's {times.per_op_ms:g}" if times.per_op_ms is not None else ""
+        why += (f" and its step time ({times.per_block_ms:g} ms against compile's {times.compile_ms:g}{per_op}: "
+                f"replayed matmuls, convolutions and attention at {kernels:.2f}x their eager time, fused ops at "
+                f"{fused:.2f}x); compiled +{fast.predicted_extra_ms:.2f} ms")
     cache_only = chosen.predicted_peak_bytes - compiled_memory.predicted_peak_bytes  # eager SAC's cache, at peak
-    chosen = dataclasses.replace(chosen, budget_bytes=budget, compiled_offset_bytes=offset + cache_only,
-                                 feasible=compiled_memory.feasible, **extra)
+    chosen = dataclasses.replace(with_compiled_frees(chosen, compiled_memory), budget_bytes=budget,
+                                 compiled_offset_bytes=offset + cache_only, feasible=compiled_memory.feasible, **extra)
     why = f"{chosen.stop_reason}; compiled peak {format_bytes(chosen.compiled_peak_bytes)}, {why}"
     return dataclasses.replace(chosen, stop_reason=why)
 

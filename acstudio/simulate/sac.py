@@ -9,8 +9,10 @@ rewritten graph's in four ways, all simulated here:
 * **Decisions are per op, not per storage.** An op is saved (``MUST_SAVE``: SAC caches all its outputs) when any
   storage it writes is kept, and always when it updates module state in place (``num_batches_tracked += 1``) or
   reads a value that an in-place op overwrites later in forward and that the replay does not recompute (it would
-  read the new value); a block's random ops are all saved or all recomputed (the replay draws from the generator
-  state the block started with). Everything else is recomputed (``MUST_RECOMPUTE``), training-mode BatchNorm
+  read the new value); in eager a block's random ops are all saved or all recomputed (the replay draws from the
+  generator state the block started with), under torch.compile each is decided alone (each recomputed random op
+  keeps its own generator state), and the policy file marks the ops eager saves only for that rule
+  (:mod:`acstudio.export.sac`). Everything else is recomputed (``MUST_RECOMPUTE``), training-mode BatchNorm
   included: its output does not depend on the running statistics, and ``apply_plan`` puts the block's buffers back
   after each replay, so they are updated once, as in eager. So an activation the plan frees stays in memory when its
   op also writes a kept storage, and activations that leave their block (the next block's input) are always kept:
@@ -59,6 +61,7 @@ from acstudio.simulate.simulator import SimResult, Simulator
 SAVE = "save"
 RECOMPUTE = "recompute"
 OFFLOAD = "offload"  # saved, its output copied to host memory and back (see the module)
+MASK_FROM_SHAPE = {"aten.native_dropout.default"}  # its second output, the mask, reads only the input's shape
 UPDATES_STATE = "updates module state"  # why an op is saved whatever the plan (BatchNorm's num_batches_tracked += 1)
 
 
@@ -197,7 +200,7 @@ class SacBlocks:
                 own_reads[list(writes)] = True
             own_reads[list(read - writes)] = True
         self.passes_through = self.leaves & ~own_reads
-        self._forms: dict[tuple[str, frozenset[int]], _BlockForm] = {}
+        self._forms: dict[tuple[str, frozenset[int], bool], _BlockForm] = {}
         self.pruned: dict[int, Replay] = {}  # id of a replay in _forms -> it with sac-compiled's time
         self.inputs = inputs
         # Views of values from outside the block (the rotary cos/sin that a decoder layer unsqueezes): replaying one
@@ -227,15 +230,16 @@ class SacBlocks:
                 ok[self.writes[i]] = False
         return ok
 
-    def decide(self, recomputed: Collection[int]) -> tuple[dict[int, str], np.ndarray]:
-        """(decision per forward op of a block, mask of the activations the SAC form really frees).
+    def decide(self, recomputed: Collection[int], compiled: bool = False) -> tuple[dict[int, str], np.ndarray]:
+        """(decision per forward op of a block, mask of the activations the SAC form really frees); ``compiled``:
+        as the form runs under torch.compile, random ops decided one by one (see :meth:`_block`).
 
         Each block decides alone (:meth:`_block`): what an op of one block writes or reads in another block is
         never freeable (it leaves its block)."""
         decision: dict[int, str] = {}
         freed = np.zeros(len(self.sim.replay.bytes), dtype=bool)
         for b, asked in self._asked(recomputed).items():
-            part = self._block(b, asked)
+            part = self._block(b, asked, compiled)
             decision.update(part.decision)
             freed[list(part.freed)] = True
         return decision, freed
@@ -269,21 +273,23 @@ class SacBlocks:
         """Per activation: the block of the node that created it."""
         return [self.block[c] for c in self.sim.replay.created]
 
-    def _block(self, b: str, asked: frozenset[int]) -> _BlockForm:
+    def _block(self, b: str, asked: frozenset[int], compiled: bool = False) -> _BlockForm:
         """Block ``b``'s decisions, frees and replay when the plan frees ``asked`` there (memoized: a planner's
         trial changes one block, so the others are looked up).
 
         Fixed point: an op that writes a kept activation is saved, which keeps everything else it writes. An op
         that reads a value overwritten in place later in forward is saved unless the replay recomputes that value
-        too (SAC would serve the overwritten one from its cache, or the caller holds it). A block's random ops are
-        all saved or all recomputed: the checkpoint replays from the generator state the block started with, so
-        the replay draws what forward drew only if it runs every draw forward ran.
+        too (SAC would serve the overwritten one from its cache, or the caller holds it). In eager a block's random
+        ops are all saved or all recomputed: the checkpoint replays from the generator state the block started
+        with, so the replay draws what forward drew only if it runs every draw forward ran. ``compiled``: each is
+        decided alone, as the partitioner gives every recomputed random op its own saved generator state (RNG
+        functionalization), so a block that saves attention's dropout may still recompute its other dropouts.
         """
-        key = (b, asked)
+        key = (b, asked, compiled)
         if key in self._forms:
             return self._forms[key]
         freed = set(asked)
-        random_saved = False  # the block's random ops are all saved
+        random_saved = False  # eager: the block's random ops are all saved
         passes = self.passes_through  # only the caller holds them: saving their op would just force a compiled save
         views = self.outside_views
         while True:
@@ -293,7 +299,7 @@ class SacBlocks:
                 save[i] = (bool(self.forced[i]) or writes_kept
                            or any(self.block[u] != b or save.get(u, True) for u in self.stale_reads[i])
                            or (random_saved and i in self.random_ops[b]))
-            newly = not random_saved and any(save[i] for i in self.random_ops[b])
+            newly = not compiled and not random_saved and any(save[i] for i in self.random_ops[b])
             kept = {k for i, s in save.items() if s for k in self.writes[i] if k in freed}
             if not kept and not newly:
                 break
@@ -341,15 +347,29 @@ class SacBlocks:
 
     def needed(self, replay: Replay) -> list[int]:
         """The replayed nodes the replay's outputs depend on (what the compiled step recomputes)."""
+        return sorted(self._needed(replay))
+
+    def _needed(self, replay: Replay) -> dict[int, bool]:
+        """The replayed nodes the replay's outputs depend on, each with whether what is needed of it needs its
+        inputs: not where only a dropout's mask is (compiled, a dropout draws its mask from its input's shape,
+        ``rand_like`` decomposed to ``rand``, so recomputing the mask reruns nothing before it)."""
+        nodes, act_ids = self.sim.profile.nodes, self.sim.replay.act_ids
         replayed = set(replay.nodes.tolist())
-        todo = [i for k in replay.outputs for i in self.writers[k] if i in replayed]
-        seen: set[int] = set()
+
+        def reads_inputs(i: int, storage: str) -> bool:
+            return nodes[i].target not in MASK_FROM_SHAPE or storage == nodes[i].storage
+
+        todo = [(i, reads_inputs(i, act_ids[k])) for k in replay.outputs for i in self.writers[k] if i in replayed]
+        whole: dict[int, bool] = {}
         while todo:
-            i = todo.pop()
-            if i not in seen:
-                seen.add(i)
-                todo.extend(u for u in self.inputs[i] if u in replayed)
-        return sorted(seen)
+            i, reads = todo.pop()
+            if whole.get(i, False) or (i in whole and not reads):
+                continue
+            whole[i] = reads
+            if reads:
+                picked = nodes[i].storage if nodes[i].target == "operator.getitem" else None
+                todo.extend((u, reads_inputs(u, picked or nodes[u].storage)) for u in self.inputs[i] if u in replayed)
+        return whole
 
     def compiled_scratch(self, form: _BlockForm) -> dict[str, int]:
         """The part of ``form.saved_scratch`` the compiled step saves: outputs of saved ops that its pruned replay
@@ -357,19 +377,20 @@ class SacBlocks:
         if form.replay is None or not form.saved_scratch:
             return {}
         storage = [nd.storage for nd in self.sim.profile.nodes]
-        read = {storage[u] for i in self.needed(form.replay) for u in self.inputs[i]}
+        read = {storage[u] for i, reads in self._needed(form.replay).items() if reads for u in self.inputs[i]}
         return {t: at for t, at in form.saved_scratch.items() if t in read}
 
     def schedule(self, recomputed: Collection[int], compiled: bool = False) -> SharedSchedule:
-        """One replay per block that frees something, in the order they run. ``compiled``: the saved ops' outputs
-        held until the replay are only those the compiled step saves (:meth:`compiled_scratch`); eager SAC's cache
-        holds every output of a saved op."""
+        """One replay per block that frees something, in the order they run. ``compiled``: the form as it runs
+        under torch.compile, random ops decided one by one (:meth:`_block`), and the saved ops' outputs held until
+        the replay only those the compiled step saves (:meth:`compiled_scratch`); eager SAC's cache holds every
+        output of a saved op."""
         n_act = len(self.sim.replay.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
         replays, held = [], {}
         for b, asked in self._asked(recomputed).items():
-            form = self._block(b, asked)
+            form = self._block(b, asked, compiled)
             if form.replay is None:
                 continue
             at = form.replay.at
@@ -493,6 +514,7 @@ class SacForm:
     freed: list[str]
     result: SimResult
     state_updates: set[str] = dataclasses.field(default_factory=set)  # saved ops that update module state
+    eager_only: set[str] = dataclasses.field(default_factory=set)  # saved ops that torch.compile recomputes
 
 
 def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collection[str],
@@ -502,12 +524,15 @@ def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collecti
     sim = profile_or_simulator if isinstance(profile_or_simulator, Simulator) else Simulator(profile_or_simulator)
     blocks = sac_blocks(sim)
     decision, freed = blocks.decide(sim.indices(recomputed))
+    compiled, freed_compiled = blocks.decide(sim.indices(recomputed), compiled=True)
     result = SAC_MODE.simulate(sim, recomputed, offloaded)
     nodes, created = sim.profile.nodes, sim.replay.created
     if result.offload is not None:
         decision = {**decision, **{int(created[k]): OFFLOAD for k in result.offload.offloaded.tolist()}}
-    wrapped = {blocks.block[created[k]] for k in np.flatnonzero(freed)}
+    # and a block that frees something only compiled (its random ops' outputs): wrapped too, or compile keeps them
+    wrapped = {blocks.block[created[k]] for k in np.flatnonzero(freed | freed_compiled)}
     decisions = {b: [(nodes[i].id, decision[i]) for i in blocks.fw_nodes[b]] for b in blocks.blocks if b in wrapped}
     state = {nodes[i].id for i, why in blocks.forced.items() if why == UPDATES_STATE}
+    eager_only = {nodes[i].id for i, how in decision.items() if how != RECOMPUTE and compiled[i] == RECOMPUTE}
     return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result,
-                   state_updates=state)
+                   state_updates=state, eager_only=eager_only)

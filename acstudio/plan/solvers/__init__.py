@@ -25,7 +25,7 @@ from acstudio.plan.solvers import keep_all, recompute_all, per_module, sqrt_n, p
 from acstudio.plan.solvers import auto  # noqa: F401
 # isort: on
 from acstudio.plan.solvers.auto import DEFAULT_SOLVER
-from acstudio.plan.solvers.for_mode import fill_budget, plan_for_mode
+from acstudio.plan.solvers.for_mode import fill_budget, plan_for_mode, tighten_to_budget
 from acstudio.plan.solvers.mutwo import NAME as TRAJECTORY_SOLVER
 from acstudio.plan.solvers.mutwo import trajectory
 from acstudio.plan.solvers.registry import (
@@ -45,7 +45,7 @@ from acstudio.simulate.simulator import Simulator
 
 __all__ = ["DEFAULT_SOLVER", "LOOKS", "SOLVERS", "TRAJECTORY_SOLVER", "Look", "Solver", "best_of",
            "faster_at_lowest_peak", "fill_budget", "floor_solver", "get_solver", "kept_reason", "plan", "plan_for_mode",
-           "sweep", "trajectory"]
+           "sweep", "tighten_to_budget", "trajectory"]
 
 
 def plan(profile: Profile, budget_bytes: int, solver: str = DEFAULT_SOLVER, simulator: Simulator | None = None,

@@ -1,5 +1,6 @@
 """Planning *for* a replay mode: the solvers still choose in their own modes, so their sets are searched over
-lower target budgets, each is priced in the mode asked for, and the fastest few are filled up to the budget."""
+lower target budgets, each is priced in the mode asked for, and the fastest few are filled up to the budget; a
+set chosen for what it is (a peer's policy) is tightened to the budget instead when it is a little over."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from acstudio.plan.solvers.registry import SOLVERS, auto_solvers, best_of
 from acstudio.simulate.modes import get_mode
 
 FILL_STARTS = 3  # plan_for_mode fills this many solvers' sets (fill_budget), the fastest first
+
+TIGHTEN_ROUNDS = 8  # tighten_to_budget frees at most this many activations, one pass over the candidates each
 
 # Bisection steps on the target budget per solver in plan_for_mode: the last step is (budget - floor) / 2**8.
 TARGET_SEARCH_STEPS = 8
@@ -104,6 +107,44 @@ def fill_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: 
     if not kept:
         return chosen, 0
     return ctx.plan_for_set(chosen.solver, budget, current, mode=mode), kept
+
+
+def tighten_to_budget(ctx: PlanContext, chosen: Plan, budget: int, mode: str, cancel: CancelToken | None = None,
+                      rounds: int = TIGHTEN_ROUNDS) -> tuple[Plan, int]:
+    """``chosen``, over ``budget`` in ``mode``, with more activations recomputed until it fits: each round frees
+    the cheapest candidate that makes it fit, or else the one that lowers the peak most per millisecond it adds;
+    returns the plan (infeasible still if ``rounds`` did not suffice) and how many it freed.
+
+    The counterpart of :func:`fill_budget` for a set chosen for what it is rather than found at this budget: a
+    peer's policy, predicted a few MiB over that peer's own measured peak (compiled, torchtitan's set on GPT-2),
+    is one or two cheap replays from the fastest plan that fits."""
+    replay = get_mode(mode)
+    current = ctx.sim.indices(chosen.recomputed)
+    peak, ms = chosen.predicted_peak_bytes, chosen.predicted_extra_ms
+    freed = 0
+    for _ in range(rounds):
+        if peak <= budget:
+            break
+        chosen_set = set(current)
+        best, best_key = None, None
+        for k in ctx.rg.candidates:
+            if k in chosen_set:
+                continue
+            check(cancel)
+            trial_peak, _, trial_ms = replay.peak(ctx.sim, [*current, k])
+            if trial_peak >= peak:
+                continue
+            added = max(trial_ms - ms, 1e-9)
+            key = (0, added) if trial_peak <= budget else (1, -(peak - trial_peak) / added)
+            if best_key is None or key < best_key:
+                best, best_key = (k, trial_peak, trial_ms), key
+        if best is None:
+            break
+        k, peak, ms = best
+        current, freed = [*current, k], freed + 1
+    if not freed:
+        return chosen, 0
+    return ctx.plan_for_set(chosen.solver, budget, current, mode=mode), freed
 
 
 def room_to_keep(ctx: PlanContext, mode: str, recomputed: list[int], budget: int) -> np.ndarray:
