@@ -16,7 +16,7 @@ from acstudio.plan.compiled import TIMED_MODE, compiled_offset, plan_compiled, t
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
-from acstudio.simulate.sac import MASK_FROM_SHAPE, RECOMPUTE, SAVE, sac_blocks
+from acstudio.simulate.sac import MASK_FROM_SHAPE, RECOMPUTE, SAVE, sac_blocks, simulate_sac
 
 GPT2 = "sample_profiles/h200_gpt2_bs16_adam.json.gz"
 
@@ -95,3 +95,20 @@ def test_the_block_policy_answers_a_save_eager_op_by_where_it_runs(compiled):
     answers = [policy(forward, torch.ops.aten.mm.default), policy(forward, torch.ops.aten.native_dropout.default)]
     dropout = CheckpointPolicy.MUST_RECOMPUTE if compiled else CheckpointPolicy.MUST_SAVE
     assert answers == [CheckpointPolicy.MUST_SAVE, dropout]
+
+
+def test_a_block_that_frees_only_its_masks_compiled_is_still_wrapped():
+    """A plan that frees only a block's dropout masks frees nothing in eager (its saved attention keeps the
+    dropouts saved), but compiled it does: the block is wrapped all the same, its dropouts marked save-eager, or
+    compile would keep the masks the compiled plan priced as freed."""
+    ctx = gpt2()
+    blocks = sac_blocks(ctx.sim)
+    b = blocks.blocks[3]
+    masks = [k for i in dropouts(ctx) if blocks.block[i] == b for k in blocks.writes[i] if blocks.freeable[k]]
+    assert not blocks.decide(masks)[1].any() and blocks.decide(masks, compiled=True)[1].sum() == len(masks)
+    asked = [ctx.rg.act_ids[k] for k in masks]
+    form = simulate_sac(ctx.sim, asked)
+    assert list(form.decisions) == [b] and not form.freed
+    policy = SacPolicy.from_plan(ctx.profile, asked)
+    assert [d.module for d in policy.blocks[b] if d.eager_only] == [ctx.profile.nodes[i].module for i in dropouts(ctx)
+                                                                  if blocks.block[i] == b]
