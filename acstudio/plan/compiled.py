@@ -104,11 +104,15 @@ class CompiledTimes:
     per_op_ms: float | None = None
 
     def __post_init__(self) -> None:
-        given = [self.compile_ms, self.per_block_ms] + ([self.per_op_ms] if self.per_op_ms is not None else [])
-        if not all(t > 0 for t in given):
+        if not all(t > 0 for t in self.given):
             raise ACStudioError(f"compiled step times must be positive milliseconds, not "
-                                f"{', '.join(f'{t:g}' for t in given)} — give compile's and compile+per-block's "
+                                f"{', '.join(f'{t:g}' for t in self.given)} — give compile's and compile+per-block's "
                                 "(and compile+per-op's), e.g. 23.0,27.2")
+
+    @property
+    def given(self) -> list[float]:
+        """The times measured, in the order they are written."""
+        return [self.compile_ms, self.per_block_ms] + ([self.per_op_ms] if self.per_op_ms is not None else [])
 
     @classmethod
     def parse(cls, text: str) -> CompiledTimes:
@@ -125,8 +129,7 @@ class CompiledTimes:
         return cls(*values)
 
     def __str__(self) -> str:
-        times = [self.compile_ms, self.per_block_ms] + ([self.per_op_ms] if self.per_op_ms is not None else [])
-        return ",".join(repr(t) for t in times)
+        return ",".join(repr(t) for t in self.given)
 
 
 def is_library_kernel(target: str) -> bool:
@@ -266,7 +269,7 @@ def with_compiled_frees(chosen: Plan, compiled_memory: Plan) -> Plan:
     extra = [a for a in compiled_memory.recomputed if a not in have]
     if not extra:
         return chosen
-    replays = [e for e in compiled_memory.schedule if e.activation in set(extra)]
+    replays = [e for e in compiled_memory.schedule if e.activation not in have]
     return dataclasses.replace(chosen, recomputed=[*chosen.recomputed, *extra], schedule=[*chosen.schedule, *replays])
 
 
