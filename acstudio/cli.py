@@ -241,10 +241,17 @@ def cmd_plan(args) -> int:
                                 "checkpointing every block only lowers — give the peak that `acstudio bench "
                                 "--configs compile+per-block` measured for this workload")
         times = CompiledTimes.parse(args.compiled_step_ms) if args.compiled_step_ms else None
-        result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel, times=times)
-    elif args.compiled_step_ms:
-        raise ACStudioError("--compiled-step-ms calibrates a plan for torch.compile — give --compiled-per-block-peak "
-                            "too")
+        per_op = parse_budget(args.compiled_per_op_peak, sim.baseline_peak) if args.compiled_per_op_peak else None
+        if per_op is not None and per_op < measured:
+            raise ACStudioError(f"--compiled-per-op-peak {args.compiled_per_op_peak} is below "
+                                f"--compiled-per-block-peak {args.compiled_per_block_peak}: torchtitan's policy saves "
+                                "more than checkpointing every block — give the peaks `acstudio bench --configs "
+                                "compile+per-block,compile+per-op` measured")
+        result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel, times=times,
+                               measured_per_op_peak=per_op)
+    elif args.compiled_step_ms or args.compiled_per_op_peak:
+        flag = "--compiled-step-ms" if args.compiled_step_ms else "--compiled-per-op-peak"
+        raise ACStudioError(f"{flag} calibrates a plan for torch.compile — give --compiled-per-block-peak too")
     else:
         result = plan(profile, budget, args.solver, cancel=args.cancel, ctx=ctx, mode=args.mode)
     written = []
@@ -457,6 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --compiled-per-block-peak: the measured median step times (ms) of compile and "
                         "compile+per-block (and compile+per-op, which prices the fused ops a replay reruns), which "
                         "calibrate the compiled replay times the planner prices plans at")
+    p.add_argument("--compiled-per-op-peak", metavar="PEAK",
+                   help="with --compiled-per-block-peak: the measured peak of compile+per-op (torchtitan's policy), "
+                        "a second calibration point for the compiled prediction, which is then exact at both")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("verify", help="check that the rewritten step computes what the captured step does")

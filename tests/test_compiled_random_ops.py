@@ -13,6 +13,7 @@ from acstudio.export.apply import BlockPolicy
 from acstudio.export.sac import OpDecision, SacPolicy
 from acstudio.plan.baselines import per_module
 from acstudio.plan.compiled import TIMED_MODE, compiled_offset, plan_compiled, torchtitan_held
+from acstudio.plan.loading import load_plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
@@ -66,15 +67,18 @@ def test_compiled_a_dropouts_mask_replays_nothing_before_it():
 def test_a_compiled_plan_carries_what_only_the_compiled_step_frees_and_its_policy_says_so(tmp_path):
     """The plan lists the dropouts' outputs the compiled step recomputes although eager SAC saves them; its policy
     marks those ops ``save-eager`` (version 3, read back as written), and the wrapped block's policy recomputes
-    them under torch.compile only."""
+    them under torch.compile only. The plan file loads against its profile, which derives the same schedule."""
     ctx = gpt2()
     mode = get_mode(TIMED_MODE)
     measured = mode.peak(ctx.sim, per_module(ctx))[0] - 2**30  # compile+per-block as if measured 1 GiB lower
     offset = compiled_offset(ctx, measured)
-    budget = mode.peak(ctx.sim, torchtitan_held(ctx))[0] - offset
+    budget = int(0.97 * (mode.peak(ctx.sim, torchtitan_held(ctx))[0] - offset))  # a little under torchtitan's
     plan = plan_compiled(ctx, budget, measured)
     assert plan.feasible
     assert mode.peak(ctx.sim, ctx.sim.indices(plan.recomputed))[0] - offset == plan.compiled_peak_bytes <= budget
+    plan.save(tmp_path / "plan.json")
+    loaded = load_plan(tmp_path / "plan.json", ctx.profile, ctx)
+    assert (loaded.recomputed, loaded.schedule) == (plan.recomputed, plan.schedule)
     policy = SacPolicy.from_plan(ctx.profile, plan.recomputed)
     eager_only = [d for ops in policy.blocks.values() for d in ops if d.eager_only]
     assert eager_only and all(d.save and d.op == "aten.native_dropout.default" for d in eager_only)

@@ -152,15 +152,17 @@ class _Bench:
                 return self._record(key, row)
             cfg["budget"] = f"{int(ref_row['peak_bytes'] * reference.factor)}B"
         if config.kind == "sac+compile":
-            # the compiled prediction is calibrated on compile+per-block's measured peak, and the compiled replay
-            # times on its step time and compile+per-op's against compile's (acstudio.plan.compiled); one rank
-            # under FSDP2/DDP calibrates on the first two only
+            # the compiled prediction is calibrated on compile+per-block's and compile+per-op's measured peaks,
+            # and the compiled replay times on their step times against compile's (acstudio.plan.compiled); one
+            # rank under FSDP2/DDP calibrates on compile+per-block only
             per_block = self.measure(BenchConfig("compile+per-block", None, config.parallel), batch_size, phase, total)
             plain = self.measure(BenchConfig("compile", None, config.parallel), batch_size, phase, total)
             per_op = (self.measure(BenchConfig("compile+per-op", None, None), batch_size, phase, total)
                       if config.parallel is None else {})
             if per_block["status"] == "ok" and per_block.get("peak_bytes"):
                 cfg["compiled_per_block_peak"] = f"{int(per_block['peak_bytes'])}B"
+                if per_op.get("status") == "ok" and per_op.get("peak_bytes", 0) > per_block["peak_bytes"]:
+                    cfg["compiled_per_op_peak"] = f"{int(per_op['peak_bytes'])}B"
                 if plain["status"] == "ok" and plain.get("time_ms_median"):
                     times = [plain["time_ms_median"], per_block["time_ms_median"]]
                     if per_op.get("status") == "ok" and per_op.get("time_ms_median"):

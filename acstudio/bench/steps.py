@@ -51,6 +51,7 @@ class Request:
     compile_backend: str = "inductor"
     budget: str | None = None
     compiled_per_block_peak: str | None = None  # compile+per-block's measured peak, for sac+compile's prediction
+    compiled_per_op_peak: str | None = None  # compile+per-op's: its second calibration point
     compiled_step_ms: str | None = None  # compile's, compile+per-block's (compile+per-op's): sac+compile's planner
     dist: Any = None  # acstudio.bench.distributed.Ranks
     nproc: int = 1  # ranks of an fsdp+/ddp+ configuration (its planning process runs alone)
@@ -453,7 +454,9 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
 
         measured = parse_budget(req.compiled_per_block_peak, profile.peak_bytes)
         times = CompiledTimes.parse(req.compiled_step_ms) if req.compiled_step_ms else None
-        plan = plan_compiled(PlanContext(profile), with_headroom(budget_bytes), measured, times=times)
+        per_op = parse_budget(req.compiled_per_op_peak, profile.peak_bytes) if req.compiled_per_op_peak else None
+        plan = plan_compiled(PlanContext(profile), with_headroom(budget_bytes), measured, times=times,
+                             measured_per_op_peak=per_op)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
     else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)
         plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")

@@ -4,7 +4,8 @@ Usage: ``python -m acstudio.bench.worker [CONFIG.json | '{...}']`` (or the JSON 
 as the ``done`` message of :mod:`acstudio.child_process`. The config holds
 ``spec`` (a WorkloadSpec dict), ``config`` (e.g. ``"per-block"``), ``device``, ``warmup``, ``iters`` and
 optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's resolved budget),
-``compiled_per_block_peak`` (compile+per-block's measured peak, which calibrates a compiled plan),
+``compiled_per_block_peak`` and ``compiled_per_op_peak`` (compile+per-block's and compile+per-op's measured
+peaks, which calibrate a compiled plan),
 ``compiled_step_ms`` (compile's, compile+per-block's and compile+per-op's step times, which calibrate its replay
 times) and ``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
 allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration.
@@ -109,6 +110,7 @@ def request(cfg: dict[str, Any], spec: WorkloadSpec, dev: torch.device, ranks: R
     return Request(BenchConfig.parse(cfg["config"]), spec, dev, profile_path=cfg.get("profile_path"),
                    compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"),
                    compiled_per_block_peak=cfg.get("compiled_per_block_peak"),
+                   compiled_per_op_peak=cfg.get("compiled_per_op_peak"),
                    compiled_step_ms=cfg.get("compiled_step_ms"), dist=ranks, nproc=int(cfg.get("nproc", 1)))
 
 

@@ -15,6 +15,11 @@ which the partitioner does not save ("sac-compiled" mode). Per-module saves no o
 them; priced as eager SAC holds them, a plan that saves such dropouts is predicted a hidden state per dropout too
 high and leaves that much of its budget unused.
 
+With compile+per-op's measured peak too (torchtitan's set, a second point), the offset is interpolated between
+the two points by where the budget lies between their measured peaks (:func:`compiled_offset`): on BERT seq 2048
+per-block's compiled peak holds 368 MiB more than its saved activations explain, which an offset taken from it
+alone carried into every plan near compile+per-op's peak.
+
 The compiled model under per-block checkpointing (``compile+per-block``: every block under a plain non-reentrant
 checkpoint) saves what the per-module plan's SAC form saves (every repeated block recomputed, the modules around
 them as in eager), the blocks' inputs. The model holds while the peak stays where the saved activations all live
@@ -84,14 +89,29 @@ COMPILED_MODE = "sac"  # a compiled plan runs as torch's selective checkpointing
 TIMED_MODE = "sac-compiled"  # the compiled memory, replays pruned as the partitioner prunes them
 
 
-def compiled_offset(ctx: PlanContext, measured_per_block_peak: int) -> int:
+def compiled_offset(ctx: PlanContext, measured_per_block_peak: int, measured_per_op_peak: int | None = None,
+                    budget: int | None = None) -> int:
     """Bytes the compiled step holds less than the compiled-memory mode predicts for the same plan (see the
-    module)."""
+    module).
+
+    With compile+per-op's measured peak too (torchtitan's set as it runs compiled, :func:`torchtitan_held`), the
+    offset for a plan whose compiled peak is ``budget`` is interpolated between the two points' offsets by where
+    the budget lies between their measured peaks, and is the nearer point's outside them: both points are then
+    predicted exactly, and a plan at compile+per-op's peak is calibrated on the set that holds what it holds.
+    Measured on BERT seq 2048 (bs16), the two compiled peaks lie 368 MiB closer together than the activations
+    Inductor saves for them, which the model predicts exactly (``benchmarks/probes/compiled_saved_bytes.py``):
+    per-block's peak holds something more, which torchtitan's does not, so per-block's offset alone predicted
+    every plan near compile+per-op's peak 1.6% high."""
     if measured_per_block_peak <= 0:
         raise ACStudioError(f"the compiled per-block peak is {measured_per_block_peak} bytes — give the peak "
                             "measured for compile+per-block (e.g. 3870MiB)")
     eager = ctx.plan_for_set(PER_MODULE, 0, per_module(ctx), mode=TIMED_MODE).predicted_peak_bytes
-    return eager - measured_per_block_peak
+    offset = eager - measured_per_block_peak
+    if measured_per_op_peak is None or budget is None or measured_per_op_peak <= measured_per_block_peak:
+        return offset
+    titan = get_mode(TIMED_MODE).peak(ctx.sim, torchtitan_held(ctx))[0]
+    share = min(max((budget - measured_per_block_peak) / (measured_per_op_peak - measured_per_block_peak), 0.0), 1.0)
+    return round(offset + share * (titan - measured_per_op_peak - offset))
 
 
 @dataclass(frozen=True)
@@ -259,22 +279,28 @@ def fastest_in_compiled_memory(ctx: PlanContext, budget: int, solver: str, cance
     return faster_at_lowest_peak(found, lowest, budget)
 
 
-def with_compiled_frees(chosen: Plan, compiled_memory: Plan) -> Plan:
-    """``chosen`` (the set as eager SAC runs it, which frees only what it frees) with the activations that only the
-    compiled step frees added, and their replays: the outputs of random ops that eager SAC saves beside another
-    saved random op of their block (:mod:`acstudio.simulate.sac`). The exported policy marks those ops
-    ``save-eager``, and torch.compile recomputes them, as ``compiled_memory`` priced them; dropped from the plan,
-    they would be saved compiled too (a GPT-2 layer's two dropout masks)."""
+def with_compiled_frees(ctx: PlanContext, chosen: Plan, recomputed: list[str]) -> Plan:
+    """``chosen`` (the set as eager SAC runs it, which frees only what it frees) with the activations of
+    ``recomputed`` that only the compiled step frees added, and their replays as the compiled step runs them: the
+    outputs of random ops that eager SAC saves beside another saved random op of their block
+    (:mod:`acstudio.simulate.sac`). The exported policy marks those ops ``save-eager`` and torch.compile
+    recomputes them, as the compiled plan priced them; dropped from the plan, they would be saved compiled too (a
+    GPT-2 layer's two dropout masks). Loading a compiled plan derives the same from its profile
+    (:func:`acstudio.plan.loading.check_plan_derivation`)."""
     have = set(chosen.recomputed)
-    extra = [a for a in compiled_memory.recomputed if a not in have]
+    extra = [a for a in recomputed if a not in have]
     if not extra:
         return chosen
-    replays = [e for e in compiled_memory.schedule if e.activation not in have]
-    return dataclasses.replace(chosen, recomputed=[*chosen.recomputed, *extra], schedule=[*chosen.schedule, *replays])
+    compiled = ctx.plan_for_set(chosen.solver, chosen.budget_bytes, ctx.sim.indices([*chosen.recomputed, *extra]),
+                                mode=TIMED_MODE)
+    freed = {e.activation for e in compiled.schedule} - have
+    return dataclasses.replace(chosen, recomputed=[*chosen.recomputed, *[a for a in extra if a in freed]],
+                               schedule=[*chosen.schedule, *[e for e in compiled.schedule if e.activation in freed]])
 
 
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,
-                  cancel: CancelToken | None = None, times: CompiledTimes | None = None) -> Plan:
+                  cancel: CancelToken | None = None, times: CompiledTimes | None = None,
+                  measured_per_op_peak: int | None = None) -> Plan:
     """The fastest plan whose compiled peak fits ``budget``: planned in the compiled memory at ``budget`` plus
     the offset. Its ``predicted_peak_bytes`` stays the SAC mode's eager prediction, and ``compiled_offset_bytes``
     what the compiled step holds less than that (the calibrated offset plus what only eager SAC's cache holds at
@@ -282,9 +308,12 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
 
     With ``times`` the plans are priced at compiled replay times (:func:`compiled_context`) and the plan records
     its compiled overhead (``compiled_extra_ms``); ``predicted_extra_ms`` stays the eager SAC prediction, which
-    the profile alone re-derives."""
-    offset = compiled_offset(ctx, measured_per_block_peak)
+    the profile alone re-derives. ``measured_per_op_peak`` (compile+per-op's) calibrates the peak at a second
+    point (:func:`compiled_offset`)."""
+    offset = compiled_offset(ctx, measured_per_block_peak, measured_per_op_peak, budget)
     why = f"calibrated on compile+per-block's measured {format_bytes(measured_per_block_peak)}"
+    if measured_per_op_peak is not None:
+        why += f" and compile+per-op's {format_bytes(measured_per_op_peak)}"
     # without compiled times, at eager op times, but never with eager SAC's dispatch cost: compiled, it is not paid
     untimed = fastest_in_compiled_memory(ctx, budget + offset, solver, cancel)
     compiled_memory = untimed
@@ -294,10 +323,15 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     if times is not None:
         timed = compiled_context(ctx, times)
         found = fastest_in_compiled_memory(timed, budget + offset, solver, cancel)
-        # the plan chosen at eager times is known too: priced compiled, the faster of the two
-        known = timed.plan_for_set(chosen.solver, budget + offset, timed.sim.indices(chosen.recomputed),
-                                   chosen.stop_reason, mode=TIMED_MODE)
-        fast = compiled_memory = best_of([found, known])
+        # the plans found at eager times and at library-kernel times only (fused ops free: the search walks
+        # another way to other plans) are known too: priced at the calibrated times, the fastest of them
+        known = [chosen]
+        if times.per_op_ms is not None:
+            kernels_only = compiled_context(ctx, dataclasses.replace(times, per_op_ms=None))
+            known.append(fastest_in_compiled_memory(kernels_only, budget + offset, solver, cancel))
+        repriced = [timed.plan_for_set(p.solver, budget + offset, timed.sim.indices(p.recomputed), p.stop_reason,
+                                       mode=TIMED_MODE) for p in known]
+        fast = compiled_memory = best_of([found, *repriced])
         chosen = ctx.plan_for_set(fast.solver, budget + offset, ctx.sim.indices(fast.recomputed), fast.stop_reason,
                                   mode=COMPILED_MODE)
         extra = {"compiled_extra_ms": fast.predicted_extra_ms}
@@ -307,7 +341,7 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
                 f"replayed matmuls, convolutions and attention at {kernels:.2f}x their eager time, fused ops at "
                 f"{fused:.2f}x); compiled +{fast.predicted_extra_ms:.2f} ms")
     cache_only = chosen.predicted_peak_bytes - compiled_memory.predicted_peak_bytes  # eager SAC's cache, at peak
-    chosen = dataclasses.replace(with_compiled_frees(chosen, compiled_memory), budget_bytes=budget,
+    chosen = dataclasses.replace(with_compiled_frees(ctx, chosen, compiled_memory.recomputed), budget_bytes=budget,
                                  compiled_offset_bytes=offset + cache_only, feasible=compiled_memory.feasible, **extra)
     why = f"{chosen.stop_reason}; compiled peak {format_bytes(chosen.compiled_peak_bytes)}, {why}"
     return dataclasses.replace(chosen, stop_reason=why)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+from acstudio.plan.compiled import with_compiled_frees
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.validation import check_plan_against
@@ -53,6 +54,8 @@ def check_plan_derivation(plan: Plan, profile: Profile, source: str | os.PathLik
     offloaded = [ctx.rg.act_index[a] for a in plan.offloaded]
     expected = ctx.plan_for_set(plan.solver, plan.budget_bytes, ctx.sim.indices(plan.recomputed),
                                 mode=plan.replay_mode, offloaded=offloaded)
+    if plan.compiled_offset_bytes is not None:  # a plan for torch.compile also frees what only compile frees
+        expected = with_compiled_frees(ctx, expected, plan.recomputed)
     if plan.baseline_peak_bytes != expected.baseline_peak_bytes:  # first: one rank's profile differs here
         raise c.fail("baseline_peak_bytes", plan.baseline_peak_bytes,
                      f"but the profile gives {expected.baseline_peak_bytes} (a plan for one rank, made with --fsdp N "

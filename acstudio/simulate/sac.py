@@ -200,6 +200,14 @@ class SacBlocks:
                 own_reads[list(writes)] = True
             own_reads[list(read - writes)] = True
         self.passes_through = self.leaves & ~own_reads
+        # Forward nodes of other blocks or of no block that read each leaving activation.
+        self.outside_readers: dict[int, list[int]] = {}
+        for i in fw:
+            for u in inputs[i]:
+                for k in self.writes.get(u, []):
+                    if self.leaves[k] and self.block[i] != self.act_block[k]:
+                        self.outside_readers.setdefault(k, []).append(i)
+        self._moved: dict[tuple[int, int, tuple[int, ...]], tuple[Replay, Replay]] = {}
         self._forms: dict[tuple[str, frozenset[int], bool], _BlockForm] = {}
         self.pruned: dict[int, Replay] = {}  # id of a replay in _forms -> it with sac-compiled's time
         self.inputs = inputs
@@ -389,21 +397,56 @@ class SacBlocks:
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
         replays, held = [], {}
-        for b, asked in self._asked(recomputed).items():
-            form = self._block(b, asked, compiled)
+        forms = {b: self._block(b, asked, compiled) for b, asked in self._asked(recomputed).items()}
+        late = self.recomputed_at_first_use(forms) if compiled else {}
+        for b, form in forms.items():
             if form.replay is None:
                 continue
-            at = form.replay.at
-            held.update(self.compiled_scratch(form) if compiled else form.saved_scratch)
+            replay = self._moved_replay(form.replay, late[b]) if b in late else form.replay
+            at = replay.at
+            scratch = self.compiled_scratch(form) if compiled else form.saved_scratch
+            held.update({t: min(until, at) for t, until in scratch.items()})
             for t in form.arg_scratch:
                 held[t] = max(held.get(t, -1), self.backward_end[b] + 1)
             for s in form.kept_sources:
                 keep_until[s] = max(keep_until[s], at)
-            back[list(form.freed)] = at
-            replays.append(form.replay)
+            back[list(replay.outputs)] = at
+            replays.append(replay)
         replays.sort(key=lambda r: r.at)
         cached = [(self.scratch[t][1] + 1, until - 1, self.scratch[t][0]) for t, until in held.items()]
         return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3))
+
+
+    def recomputed_at_first_use(self, forms: dict[str, _BlockForm]) -> dict[str, tuple[int, ...]]:
+        """Per wrapped block, the activations leaving it that the compiled step does not hold from forward: written
+        by recomputed ops only and read outside the block by no recomputed op of another wrapped block (the last
+        layer's output, which only the loss head reads). The partitioner saves a checkpointed region's output only
+        for a later region that recomputes from it (``cleanup_recompute_tags``), so this one is recomputed in
+        backward, at its first use, from what its block saved; eager, the checkpoint's caller holds it."""
+        wrapped = {b for b, form in forms.items() if form.replay is not None}
+
+        def recomputed_in_wrapped(i: int) -> bool:
+            return self.block[i] in wrapped and forms[self.block[i]].decision.get(i) == RECOMPUTE
+
+        late: dict[str, list[int]] = {}
+        for k, readers in self.outside_readers.items():
+            b = self.act_block[k]
+            if b not in wrapped or not self.passes_through[k]:
+                continue
+            writers = [j for j in self.writers[k] if self.block[j] == b]
+            if all(forms[b].decision[j] == RECOMPUTE for j in writers) and not any(map(recomputed_in_wrapped, readers)):
+                late.setdefault(b, []).append(k)
+        return {b: tuple(sorted(ks)) for b, ks in late.items()}
+
+    def _moved_replay(self, replay: Replay, outputs: tuple[int, ...]) -> Replay:
+        """``replay`` with ``outputs`` added, run at the first backward use of any of them if that comes first
+        (what the compiled step recomputes for them runs the block's forward there), one object per combination
+        (the compiled mode prices replays by identity)."""
+        at = min(replay.at, *(int(self.sim.replay.first_bw[k]) for k in outputs))
+        key = (id(replay), at, outputs)
+        if key not in self._moved:
+            self._moved[key] = (replay, dataclasses.replace(replay, at=at, outputs=(*replay.outputs, *outputs)))
+        return self._moved[key][1]
 
 
 @dataclass(frozen=True)
@@ -476,8 +519,10 @@ class ReplaySacCompiled(ReplaySac):
     block's forward up to the last of them. For memory, a saved op keeps only the outputs that backward or that
     pruned recomputation reads: eager SAC's cache holds all of them until the replay (a dropout's output beside
     the mask its backward reads, where the residual add after it is kept), the compiled step frees the others
-    after their last forward use. Otherwise memory is the "sac" mode's; from it :mod:`acstudio.plan.compiled`
-    calibrates the compiled peak."""
+    after their last forward use. And a block's output that only code outside the wrapped blocks reads (the last
+    layer's, read by the loss head), written by recomputed ops, is recomputed at its first backward use
+    (:meth:`SacBlocks.recomputed_at_first_use`) where eager's caller holds it. Otherwise memory is the "sac" mode's;
+    from it :mod:`acstudio.plan.compiled` calibrates the compiled peak."""
 
     name = "sac-compiled"
     summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"
