@@ -3,9 +3,11 @@ forward (Inductor's own partition, its decompositions and joint-graph passes inc
 per-block checkpointing (the calibration point), torchtitan's policy and our SAC plan, beside what the compiled
 model (``sac-compiled``) holds for each; and the measured peak of each compiled step.
 
-Usage: PYTHONPATH=. python3 benchmarks/probes/compiled_saved_bytes.py PROFILE PLAN
+Usage: PYTHONPATH=. python3 benchmarks/probes/compiled_saved_bytes.py PROFILE PLAN [-v]
   PROFILE, PLAN: a grid profile and the plan bench ran on it (``acstudio plan PROFILE --budget ...
-  --compiled-per-block-peak ... --compiled-step-ms ...`` rebuilds it on a CPU).
+  --compiled-per-block-peak ... --compiled-step-ms ...`` rebuilds it on a CPU), e.g.
+  results/probes/bert-s512.compiled.profile.json.gz results/probes/bert-s512.compiled.plan.json; -v lists every
+  saved tensor.
 Output: results/probes/compiled_saved_bytes_h100.txt (BERT seq 512 bs64, the grid's compiled OVER of 2026-11-27).
 """
 
