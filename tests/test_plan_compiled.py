@@ -313,3 +313,17 @@ def test_compiled_the_last_layers_output_comes_back_at_its_first_backward_use_un
     assert blocks.schedule(keeps_statistics, compiled=True).back[last] == -1
     mode = get_mode(TIMED_MODE)
     assert mode.peak(ctx.sim, recomputed)[0] < get_mode("sac").peak(ctx.sim, recomputed)[0]
+
+
+def test_under_fsdp2_each_blocks_output_leaves_its_compiled_graph_and_stays(ctx):
+    """One rank under FSDP2 compiles each block alone: a block's output is its graph's output, which the caller
+    holds, so no output comes back late; compiled whole, the last layer's does."""
+    from acstudio.simulate.sharding import per_rank_profile
+
+    rank = PlanContext(per_rank_profile(Profile.load(LLAMA), 2, "fsdp"))
+    blocks = sac_blocks(rank.sim)
+    forms = {b: blocks._block(b, asked, True) for b, asked in blocks._asked(per_module(rank)).items()}
+    assert blocks.regional and not blocks.recomputed_at_first_use(forms)
+    whole = sac_blocks(ctx.sim)
+    forms = {b: whole._block(b, asked, True) for b, asked in whole._asked(per_module(ctx)).items()}
+    assert list(whole.recomputed_at_first_use(forms)) == [whole.blocks[-1]]

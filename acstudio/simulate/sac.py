@@ -121,7 +121,8 @@ class SacBlocks:
         # runs it) and the modules around the blocks eager, where the SAC form is exact: it wraps them too. On one
         # device the whole model may be compiled, and the compiled prediction is calibrated on compile+per-block,
         # which wraps the repeated blocks only (see acstudio.plan.compiled).
-        block_of = sac_blocks([nodes[i].module for i in fw], around="sharding" in profile.environment)
+        self.regional = "sharding" in profile.environment  # each block compiled alone (see recomputed_at_first_use)
+        block_of = sac_blocks([nodes[i].module for i in fw], around=self.regional)
         self.block = [""] * len(nodes)
         for i in fw:
             self.block[i] = block_of.get(nodes[i].module, "")
@@ -422,7 +423,11 @@ class SacBlocks:
         by recomputed ops only and read outside the block by no recomputed op of another wrapped block (the last
         layer's output, which only the loss head reads). The partitioner saves a checkpointed region's output only
         for a later region that recomputes from it (``cleanup_recompute_tags``), so this one is recomputed in
-        backward, at its first use, from what its block saved; eager, the checkpoint's caller holds it."""
+        backward, at its first use, from what its block saved; eager, the checkpoint's caller holds it. Not under
+        FSDP2/DDP, where each block is compiled alone: its output leaves the compiled graph, and the caller holds
+        it."""
+        if self.regional:
+            return {}
         wrapped = {b for b, form in forms.items() if form.replay is not None}
 
         def recomputed_in_wrapped(i: int) -> bool:
