@@ -79,7 +79,6 @@ from acstudio.plan.baselines import MATMULS, is_attention, node_blocks, per_modu
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, faster_at_lowest_peak, plan_for_mode, tighten_to_budget
-from acstudio.plan.solvers.per_module import NAME as PER_MODULE
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
 from acstudio.simulate.simulator import Simulator
@@ -105,11 +104,11 @@ def compiled_offset(ctx: PlanContext, measured_per_block_peak: int, measured_per
     if measured_per_block_peak <= 0:
         raise ACStudioError(f"the compiled per-block peak is {measured_per_block_peak} bytes — give the peak "
                             "measured for compile+per-block (e.g. 3870MiB)")
-    eager = ctx.plan_for_set(PER_MODULE, 0, per_module(ctx), mode=TIMED_MODE).predicted_peak_bytes
-    offset = eager - measured_per_block_peak
+    mode = get_mode(TIMED_MODE)
+    offset = mode.peak(ctx.sim, per_module(ctx))[0] - measured_per_block_peak
     if measured_per_op_peak is None or budget is None or measured_per_op_peak <= measured_per_block_peak:
         return offset
-    titan = get_mode(TIMED_MODE).peak(ctx.sim, torchtitan_held(ctx))[0]
+    titan = mode.peak(ctx.sim, torchtitan_held(ctx))[0]
     share = min(max((budget - measured_per_block_peak) / (measured_per_op_peak - measured_per_block_peak), 0.0), 1.0)
     return round(offset + share * (titan - measured_per_op_peak - offset))
 
