@@ -22,6 +22,7 @@ import torch
 import torch._dynamo.config as dynamo_config
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from acstudio.bench.measure import time_steps
 from acstudio.bench.steps import PER_OP_ATTENTION, PER_OP_MATMULS, enable_per_block, find_blocks, load, per_op_context
 from acstudio.hostcopy import storage_bytes
 from acstudio.workload import WorkloadSpec
@@ -57,8 +58,7 @@ class BlockOffload:
     pinned host memory on a copy-out stream, the allocator keeping the device block until that copy has read it;
     unpack (the block's backward) fetches its own tensors and those of the block before it on a copy-in stream."""
 
-    def __init__(self, count_only: bool = False) -> None:
-        self.count_only = count_only  # pack notes the bytes it would move and keeps the tensor
+    def __init__(self) -> None:
         self.out_stream = torch.cuda.Stream(dev)
         self.in_stream = torch.cuda.Stream(dev)
         self.calls: list[list[dict]] = []
@@ -79,25 +79,19 @@ class BlockOffload:
             storage = t.untyped_storage()
             handle = seen.get(storage.data_ptr())
             if handle is None:
-                if self.count_only:
-                    self.moved += storage.nbytes()
-                    seen[storage.data_ptr()] = handle = {"keep": storage}
-                else:
-                    data = storage_bytes(t)
-                    free = self.pool.get(data.numel())
-                    host, read = free.pop() if free else (torch.empty_like(data, device="cpu", pin_memory=True), None)
-                    self.out_stream.wait_stream(torch.cuda.current_stream(dev))
-                    if read is not None:  # its last copy back has read it
-                        self.out_stream.wait_event(read)
-                    with torch.cuda.stream(self.out_stream):
-                        host.copy_(data, non_blocking=True)
-                    data.record_stream(self.out_stream)
-                    self.moved += storage.nbytes()
-                    handle = {"host": host, "dev": None, "event": None, "call": call, "refs": 0}
-                    call.append(handle)
-                    seen[storage.data_ptr()] = handle
-            if self.count_only:
-                return "kept", t, call
+                data = storage_bytes(t)
+                free = self.pool.get(data.numel())
+                host, read = free.pop() if free else (torch.empty_like(data, device="cpu", pin_memory=True), None)
+                self.out_stream.wait_stream(torch.cuda.current_stream(dev))
+                if read is not None:  # its last copy back has read it
+                    self.out_stream.wait_event(read)
+                with torch.cuda.stream(self.out_stream):
+                    host.copy_(data, non_blocking=True)
+                data.record_stream(self.out_stream)
+                self.moved += storage.nbytes()
+                handle = {"host": host, "dev": None, "event": None, "call": call, "refs": 0}
+                call.append(handle)
+                seen[storage.data_ptr()] = handle
             handle["refs"] += 1
             return handle, t.dtype, t.size(), t.stride(), t.storage_offset()
 
@@ -174,10 +168,10 @@ class Offloaded(torch.nn.Module):
             return self.region(*args, **kwargs)
 
 
-def build(form: str, context_fn, offload_blocks: int, count_only: bool = False):
+def build(form: str, context_fn, offload_blocks: int):
     """``form`` whole: torch.compile of the model (torchtitan's policy via HF's own checkpointing when
-    ``context_fn``); regional: every block a compiled region, the first ``offload_blocks`` under the hooks; regions:
-    regional inside the compiled model (its embeddings, head and loss compiled between the blocks)."""
+    ``context_fn``); regions: every block a compiled region, the first ``offload_blocks`` under the hooks, inside
+    the compiled model (its embeddings, head and loss compiled between the blocks)."""
     w, opt = load(SPEC, dev)
     offload = None
     if form == "whole":
@@ -186,13 +180,13 @@ def build(form: str, context_fn, offload_blocks: int, count_only: bool = False):
         model = torch.compile(w.model)
     else:
         blocks = find_blocks(w)
-        offload = BlockOffload(count_only) if offload_blocks else None
+        offload = BlockOffload() if offload_blocks else None
         parents = {id(b): (p, n) for p in w.model.modules() for n, b in p.named_children()}
         for i, b in enumerate(blocks):
             parent, name = parents[id(b)]
             region = torch.compile(Region(b, context_fn))
             setattr(parent, name, Offloaded(region, offload, i < offload_blocks))
-        model = torch.compile(w.model) if form == "regions" else w.model
+        model = torch.compile(w.model)
 
     def step():
         if offload is not None:
@@ -207,10 +201,10 @@ def build(form: str, context_fn, offload_blocks: int, count_only: bool = False):
     return step, offload
 
 
-def measure(name: str, form: str, context_fn, offload_blocks: int = 0, count_only: bool = False) -> None:
+def measure(name: str, form: str, context_fn, offload_blocks: int = 0) -> None:
     t0 = time.perf_counter()
     try:
-        step, offload = build(form, context_fn, offload_blocks, count_only)
+        step, offload = build(form, context_fn, offload_blocks)
         losses = [float(step()) for _ in range(3)]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
@@ -218,14 +212,7 @@ def measure(name: str, form: str, context_fn, offload_blocks: int = 0, count_onl
         step()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(dev)
-        times = []
-        for _ in range(10):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+        times = time_steps(step, 10, dev)
         q = statistics.quantiles(times, n=4)
         moved = offload.moved / 2**30 if offload else 0.0
         line = (f"{name:34s} peak {peak / MiB:9.0f} MiB (base {base / MiB:7.0f})"
