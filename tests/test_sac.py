@@ -312,6 +312,48 @@ def test_sac_wrapped_model_compiles_unchanged_and_trains_like_eager():
         assert torch.equal(a, b)
 
 
+def test_blocks_compiled_one_by_one_each_trace_their_own_policy(monkeypatch):
+    """Compiled block by block (``block.compile()``, as FSDP2/DDP runs compile), every wrapped block gets a graph
+    of its own, traced with its own policy, also past Dynamo's default recompile limit of 8 (this decoder has 10
+    blocks, each freeing another share of its activations), and training is bitwise like eager. Dynamo does not
+    guard on checkpoint's ``context_fn``: unguarded, later blocks reused the first block's graph, and past the
+    limit they ran eager."""
+    from test_rewrite import quick_profile
+
+    from acstudio.bench.steps import find_blocks
+    from acstudio.export import apply as apply_module
+
+    spec = tiny_spec("gpt2", optimizer="adam")
+    spec = dataclasses.replace(spec, config=(*spec.config, ("resid_pdrop", "0"), ("embd_pdrop", "0"),
+                                             ("attn_pdrop", "0"), ("n_layer", "10")))
+    w = build_workload(spec)
+    profile = quick_profile(spec, capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn))
+    ctx = PlanContext(profile)
+    blocks = sac_blocks(ctx.sim)
+    block_of = [blocks.block[ctx.rg.created[k]] for k in range(len(ctx.rg.bytes))]
+    rc = [int(k) for k in ctx.rg.candidates
+          if block_of[k] in blocks.blocks and int(k) % 3 == blocks.blocks.index(block_of[k]) % 3]
+    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, rc)
+    reference = train(copy.deepcopy(w.model), w)
+    torch._dynamo.reset()
+    model = apply_plan(copy.deepcopy(w.model), (profile, plan))
+    wrapped = [name for name, m in model.named_modules() if hasattr(m, "_acstudio_sac_inner_forward")]
+    assert len(wrapped) == 10
+    traced, graphs = [], []
+    contexts = apply_module._contexts
+    monkeypatch.setattr(apply_module, "_contexts", lambda block, *a: (traced.append(block), contexts(block, *a))[1])
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return torch._dynamo.backends.debugging.aot_eager(graph, example_inputs)
+
+    for block in find_blocks(dataclasses.replace(w, model=model)):
+        block.compile(backend=counting)
+    for a, b in zip(train(model, w), reference, strict=True):
+        assert torch.equal(a, b)
+    assert len(graphs) == 10 and sorted(set(traced)) == sorted(wrapped)
+
+
 def test_batch_norm_is_recomputed_and_its_running_statistics_updated_once():
     """Recompute-all on a CNN recomputes BatchNorm (the replay puts the block's buffers back), eager and under
     torch.compile, where BatchNorm is traced under another overload name; both train bitwise like eager,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import os
 import warnings
 import weakref
@@ -88,6 +89,7 @@ def _name(func) -> str:
 _FLOATING = {"aten.alias.default", "aten.lift_fresh.default", "aten.clone.default", "aten.new_zeros.default",
              "aten.empty.memory_format"}
 _INNER = "_acstudio_sac_inner_forward"
+_WRAPS = itertools.count()  # one token per wrapped block (see compiled_per_block)
 
 
 class ModelMismatchError(PlanMismatchError):
@@ -233,6 +235,7 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offlo
     offloads = offload is not None and any(d.offload for d in ops)
     checked = False
     submodules = list(module.named_modules())
+    token = f"{block}#{next(_WRAPS)}"
 
     def context_fn():  # a plain function: torch.compile keeps it as a constant and calls it when tracing
         return _contexts(block, module, ops, policies)
@@ -249,6 +252,8 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offlo
         if not torch.is_grad_enabled():  # nothing is saved for backward: nothing to checkpoint (evaluation)
             return inner(*args, **kwargs)
         check_training(block, submodules)
+        if _under_compile():
+            compiled_per_block(token)
         if plain and _under_compile():  # the partitioner recomputes the block, as compile+per-block's does
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)
         if plain and checked:
@@ -258,7 +263,7 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offlo
             out = offloading_checkpoint(*args, **kwargs)
         else:
             out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-        if policies and not _under_compile():
+        if not _under_compile() and policies:  # not read while tracing: it holds every traced call's policy
             policies.pop().check(None)  # eager: the block ran all the recorded ops
             policies.clear()
             checked = True
@@ -266,6 +271,19 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offlo
 
     setattr(module, _INNER, inner)
     module.forward = forward
+
+
+def compiled_per_block(token: str) -> None:
+    """Make Dynamo guard on the wrapped block's ``token`` (its name and a number no other wrap has), so that each
+    block gets a graph of its own.
+
+    Dynamo does not guard on checkpoint's ``context_fn``, and every wrapped block's forward is the same code: where
+    blocks are compiled one by one (``block.compile()``, the regional compilation FSDP2/DDP runs use), each
+    block's call would reuse the graph traced for the first one, that block's policy included. Comparing the token
+    installs a guard on its value (a string: an integer would turn dynamic once it changed, and match every block
+    again): one cache entry per block, for which :func:`apply_plan` makes room in Dynamo's recompile limit."""
+    if token == "":
+        raise ValueError("a wrapped block without a token")
 
 
 def check_training(block: str, submodules: list[tuple[str, torch.nn.Module]]) -> None:
@@ -334,6 +352,8 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
             raise ModelMismatchError(f"the model has no module {block!r}, a block of the plan "
                                      "— profile and plan this model again")
     check_containers(policy, modules)
+    dynamo = torch._dynamo.config  # one entry per block (compiled_per_block), beside the model's own
+    dynamo.recompile_limit = max(dynamo.recompile_limit, len(policy.blocks) + 8)
     offload = SacOffload(policy.offload_bytes) if policy.offloads else None
     for block, ops in policy.blocks.items():
         wrap_block(modules[block], block, ops, offload)
