@@ -338,7 +338,8 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
     (:func:`acstudio.export.sac.offload_unsupported`), and is refused with the form that runs it elsewhere. What
     the eager model decides for itself is followed exactly: its dropout probabilities (a block's
     random ops are saved or replayed with the random state they drew from), frozen parameters (no gradient, no
-    update) and evaluation under ``torch.no_grad()`` (the blocks run unwrapped).
+    update) and evaluation under ``torch.no_grad()`` (the blocks run unwrapped). Compiled block by block, each
+    block is a graph of its own (:func:`compiled_per_block`), so Dynamo's recompile limit is raised by their number.
     """
     policy = load_policy(plan)
     if policy.offloads and offload_refusal():
