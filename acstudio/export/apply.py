@@ -203,10 +203,10 @@ def _contexts(block: str, module: torch.nn.Module, ops: list[OpDecision], polici
     Under torch.compile the partitioner recomputes the functional ops only and mutates buffers once, in forward,
     so the buffers are restored in eager only (torch 2.11 also refuses any recompute context but SAC's own)."""
     policy = BlockPolicy(block, ops, call, compiled=_under_compile())
-    policies.append(policy)
     forward_context, recompute_context = create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
-    if _under_compile():
+    if _under_compile():  # the policy checks the ops as they are traced; nothing is left to check after
         return forward_context, recompute_context
+    policies.append(policy)  # eager: the forward checks, once the block ran, that it ran every recorded op
     if call is not None:
         recompute_context = call.runtime.replaying(call, recompute_context)
     return forward_context, _buffers_restored(module, recompute_context)
@@ -263,7 +263,7 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offlo
             out = offloading_checkpoint(*args, **kwargs)
         else:
             out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-        if not _under_compile() and policies:  # not read while tracing: it holds every traced call's policy
+        if not _under_compile() and policies:  # eager only (a read while tracing would guard on it)
             policies.pop().check(None)  # eager: the block ran all the recorded ops
             policies.clear()
             checked = True
