@@ -57,6 +57,18 @@ def plans(model):
     return {name: Plan(profile.fingerprint, name, 0, rc, [], 0, "", 0.0, True, "", 0, 0) for name, rc in sets.items()}
 
 
+def dropout_free_gpt2(*config: tuple[str, str]):
+    """(workload, profile) of a tiny GPT-2 without dropout, for torch.compile on a CPU (where CPU dropout runs as
+    bernoulli_ in eager but traces as native_dropout), with ``config`` on top."""
+    from test_rewrite import quick_profile
+
+    spec = tiny_spec("gpt2", optimizer="adam")
+    spec = dataclasses.replace(spec, config=(*spec.config, ("resid_pdrop", "0"), ("embd_pdrop", "0"),
+                                             ("attn_pdrop", "0"), *config))
+    w = build_workload(spec)
+    return w, quick_profile(spec, capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn))
+
+
 def train(model, w, steps=2, seed=0):
     """Two Adam steps; returns losses, gradients, parameters and buffers."""
     opt = make_optimizer(w.spec.optimizer, model.parameters())
@@ -297,13 +309,7 @@ def test_sac_wrapped_model_compiles_unchanged_and_trains_like_eager():
     """torch.compile (AOTAutograd, CPU) traces the blocks with the SAC policy's tags, and training is bitwise like
     eager. (CPU dropout runs as bernoulli_ in eager but traces as native_dropout, so the decoder here has no
     dropout; CUDA eager already runs native_dropout.)"""
-    from test_rewrite import quick_profile
-
-    spec = tiny_spec("gpt2", optimizer="adam")
-    spec = dataclasses.replace(spec, config=(*spec.config, ("resid_pdrop", "0"), ("embd_pdrop", "0"),
-                                             ("attn_pdrop", "0")))
-    w = build_workload(spec)
-    profile = quick_profile(spec, capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn))
+    w, profile = dropout_free_gpt2()
     plan = make_plan(profile, profile.peak_bytes, "recompute-all")
     wrapped = apply_plan(copy.deepcopy(w.model), (profile, plan))
     reference = train(copy.deepcopy(w.model), w)
@@ -318,16 +324,10 @@ def test_blocks_compiled_one_by_one_each_trace_their_own_policy(monkeypatch):
     blocks, each freeing another share of its activations), and training is bitwise like eager. Dynamo does not
     guard on checkpoint's ``context_fn``: unguarded, later blocks reused the first block's graph, and past the
     limit they ran eager."""
-    from test_rewrite import quick_profile
-
     from acstudio.bench.steps import find_blocks
     from acstudio.export import apply as apply_module
 
-    spec = tiny_spec("gpt2", optimizer="adam")
-    spec = dataclasses.replace(spec, config=(*spec.config, ("resid_pdrop", "0"), ("embd_pdrop", "0"),
-                                             ("attn_pdrop", "0"), ("n_layer", "10")))
-    w = build_workload(spec)
-    profile = quick_profile(spec, capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn))
+    w, profile = dropout_free_gpt2(("n_layer", "10"))
     ctx = PlanContext(profile)
     blocks = sac_blocks(ctx.sim)
     block_of = [blocks.block[ctx.rg.created[k]] for k in range(len(ctx.rg.bytes))]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import test_sac
 import torch
-from test_sac import LiveStorages, captured, held_at_backward, train
+from test_sac import LiveStorages, captured, dropout_free_gpt2, held_at_backward, train
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
@@ -260,17 +260,7 @@ def test_offloaded_outputs_are_off_the_device_when_backward_starts(monkeypatch):
 def test_compiled_blocks_say_they_keep_offloaded_outputs_on_the_device():
     """Under torch.compile the hooks do not run: the offloaded ops are saved on the device, with a warning, and
     training is as without offload (CPU dropout traces differently from eager, so the decoder has none)."""
-    from conftest import tiny_spec
-    from test_rewrite import quick_profile
-
-    from acstudio.capture import capture_step
-    from acstudio.workload import build_workload
-
-    spec = tiny_spec("gpt2", optimizer="adam")
-    spec = dataclasses.replace(spec, config=(*spec.config, ("resid_pdrop", "0"), ("embd_pdrop", "0"),
-                                             ("attn_pdrop", "0")))
-    w = build_workload(spec)
-    profile = quick_profile(spec, capture_step(w.model, w.make_optimizer(), w.batch, w.loss_fn))
+    w, profile = dropout_free_gpt2()
     ctx = PlanContext(profile)
     rc = [int(k) for k in ctx.rg.candidates[1::3]]
     off = np.flatnonzero(sac_blocks(ctx.sim).offloadable(rc)).tolist()

@@ -252,18 +252,19 @@ def wrap_block(module: torch.nn.Module, block: str, ops: list[OpDecision], offlo
         if not torch.is_grad_enabled():  # nothing is saved for backward: nothing to checkpoint (evaluation)
             return inner(*args, **kwargs)
         check_training(block, submodules)
-        if _under_compile():
+        compiling = _under_compile()
+        if compiling:
             compiled_per_block(token)
-        if plain and _under_compile():  # the partitioner recomputes the block, as compile+per-block's does
+        if plain and compiling:  # the partitioner recomputes the block, as compile+per-block's does
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)
         if plain and checked:
             return checkpoint(inner, *args, use_reentrant=False,
                               context_fn=functools.partial(_recompute_all_context, module), **kwargs)
-        if offloads and not _under_compile():
+        if offloads and not compiling:
             out = offloading_checkpoint(*args, **kwargs)
         else:
             out = checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-        if not _under_compile() and policies:  # eager only (a read while tracing would guard on it)
+        if not compiling and policies:  # eager only (a read while tracing would guard on it)
             policies.pop().check(None)  # eager: the block ran all the recorded ops
             policies.clear()
             checked = True
