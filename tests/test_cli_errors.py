@@ -121,6 +121,8 @@ CASES = {
     "--config dropout past 1": ([*GPT2_CPU, "--config", "resid_pdrop=2", "--out", "p.json"], "resid_pdrop=2:"),
     "--config zero width": ([*GPT2_CPU, "--config", "n_embd=0", "--out", "p.json"], "n_embd=0:"),
     "--config zero classes": ([*PROFILE_CPU, "--config", "num_classes=0", "--out", "p.json"], "num_classes=0:"),
+    "bench of an unknown model": (["bench", "resnet5o", "-b", "2", "--device", "cpu", "--out", "b"],
+                                  "unknown model 'resnet5o' — did you mean resnet50"),
     "bench budget factor inf": (["bench", "resnet18", "-b", "2", "--device", "cpu", "--configs",
                                  "rewritten@per-block*inf", "--out", "b"], "the factor after '*' must be a positive"),
     "budget without a unit": (["plan", S, "--budget", "85"], "has no unit — write 85%"),

@@ -9,6 +9,15 @@ from acstudio.workload import custom, zoo
 from acstudio.workload.spec import Workload, WorkloadSpec
 
 
+def check_model(model: str) -> None:
+    """Refuse a model reference that names no model (a zoo name, or a factory that cannot be imported), building
+    nothing: for commands that build it later, in processes of their own (``bench``)."""
+    if ":" in model:
+        custom.load_factory(model)
+    else:
+        zoo.check_name(model)
+
+
 def build_workload(spec: WorkloadSpec) -> Workload:
     """Build the model (random init, seeded), a batch and the loss function, on the CPU."""
     torch.manual_seed(spec.seed)

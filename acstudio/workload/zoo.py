@@ -88,16 +88,21 @@ def check_keys(model: str, given, known, where: str) -> None:
             raise ConfigError(f"{model}: unknown --config key {key!r}{hint} — the keys are the fields of {where}")
 
 
-def build(spec: WorkloadSpec) -> Workload:
-    name = spec.model
-    hf = split_hf_name(name)  # checked first: listing torchvision's models imports it (seconds)
-    if hf is not None:
-        return build_transformers(spec, *hf)
-    if name in torchvision_models():
-        return build_torchvision(spec)
+def check_name(name: str) -> None:
+    """Refuse a name that is no zoo model, building nothing."""
+    if split_hf_name(name) is not None or name in torchvision_models():  # Hugging Face first: listing
+        return  # torchvision's models imports it (seconds)
     close = difflib.get_close_matches(name, list(torchvision_models()) + hf_names(), n=3, cutoff=0.6)
     hint = f" — did you mean {', '.join(close)}?" if close else " — `acstudio models` lists what can be loaded"
     raise UnknownModelError(f"unknown model {name!r}{hint}")
+
+
+def build(spec: WorkloadSpec) -> Workload:
+    hf = split_hf_name(spec.model)
+    if hf is not None:
+        return build_transformers(spec, *hf)
+    check_name(spec.model)
+    return build_torchvision(spec)
 
 
 def torchvision_keys(name: str) -> set[str] | None:
