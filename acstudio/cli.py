@@ -358,12 +358,12 @@ def _int_list(text: str) -> list[int]:
 def cmd_bench(args) -> int:
     from acstudio.bench import run_bench
     from acstudio.profiler import resolve_device
-    from acstudio.workload.build import check_model
+    from acstudio.workload.build import check_model_reference
 
     args.batch_size = 1
     spec = dataclasses.replace(_spec(args), seed=args.seed)
     resolve_device(args.device)  # here, not in every configuration's process
-    check_model(args.model)  # and the model: a misspelt name is not a folder of failed rows
+    check_model_reference(args.model)  # and the model: a misspelt name is not a folder of failed rows
     outputs = Outputs([_model_file(args.model)]).add(args.out, BENCH_FOLDER)
     stopped = None
     with outputs.writing():

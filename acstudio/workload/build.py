@@ -9,7 +9,7 @@ from acstudio.workload import custom, zoo
 from acstudio.workload.spec import Workload, WorkloadSpec
 
 
-def check_model(model: str) -> None:
+def check_model_reference(model: str) -> None:
     """Refuse a model reference that names no model (a zoo name, or a factory that cannot be imported), building
     nothing: for commands that build it later, in processes of their own (``bench``)."""
     if ":" in model:
