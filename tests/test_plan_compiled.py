@@ -7,6 +7,7 @@ import pytest
 
 from acstudio.bench import runner
 from acstudio.bench.configs import BenchConfig
+from acstudio.bench.steps import with_headroom
 from acstudio.plan.baselines import MATMULS, is_attention, per_module, per_op
 from acstudio.plan.compiled import (
     TIMED_MODE,
@@ -261,6 +262,27 @@ def test_a_peers_set_a_little_over_the_budget_is_tightened_to_it(ctx):
     fitting = [mode.peak(timed.sim, [*held, k])[2] for k in timed.rg.candidates
                if k not in set(held) and mode.peak(timed.sim, [*held, k])[0] <= budget]
     assert tightened.predicted_extra_ms == pytest.approx(min(fitting)) and tightened.predicted_extra_ms > ms
+
+
+def test_at_compile_per_ops_own_peak_its_measured_set_needs_no_planning_headroom(ctx, tmp_path):
+    """The bench plans a headroom below the budget; torchtitan's set was measured at compile+per-op's peak, so
+    with that peak as the budget it fits by measurement: planned at the budget itself it is predicted at exactly
+    that peak, and is returned where it is faster than the plan that fits beneath the headroom (here one more
+    activation recomputed); the plan loads as derived from its profile."""
+    budget = with_headroom(PER_OP_PEAK)
+    under = plan_compiled(ctx, budget, MEASURED, times=TIMES, measured_per_op_peak=PER_OP_PEAK)
+    measured = plan_compiled(ctx, budget, MEASURED, times=TIMES, measured_per_op_peak=PER_OP_PEAK,
+                             measured_budget=PER_OP_PEAK)
+    assert under.feasible and under.compiled_peak_bytes <= budget
+    assert measured.feasible and measured.compiled_peak_bytes == PER_OP_PEAK == measured.budget_bytes
+    assert sorted(ctx.sim.indices(measured.recomputed)) == sorted(torchtitan_held(ctx))
+    assert measured.compiled_extra_ms < under.compiled_extra_ms and "by measurement" in measured.stop_reason
+    measured.save(tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json", profile=ctx.profile, context=ctx).recomputed == measured.recomputed
+    # a budget below compile+per-op's peak, even without headroom, has no measurement to go by
+    below = plan_compiled(ctx, budget, MEASURED, times=TIMES, measured_per_op_peak=PER_OP_PEAK,
+                          measured_budget=PER_OP_PEAK - 1)
+    assert below.recomputed == under.recomputed
 
 
 def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(tmp_path, monkeypatch):

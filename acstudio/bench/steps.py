@@ -59,7 +59,21 @@ class Request:
 
 def load(spec: WorkloadSpec, dev: torch.device) -> tuple[Workload, torch.optim.Optimizer]:
     workload = build_workload(spec).to(dev)
-    return workload, workload.make_optimizer()
+    return workload, ready_optimizer(workload)
+
+
+def ready_optimizer(workload: Workload) -> torch.optim.Optimizer:
+    """The workload's optimizer, its state made now, before any step, as a captured or rewritten step needs it
+    (:func:`acstudio.capture.step.prepare_optimizer`), so that every row makes it alike: on an allocator that
+    holds the parameters only. Made in the first step instead, the state's blocks are cut from whatever that step
+    left cached, and the allocator's rounding of them moved one configuration's measured peak by 6.7 MiB from one
+    process to the next (GPT-2 seq 512, Adam's moments; ``benchmarks/probes/compiled_form_peak.py``): as much as
+    the planning headroom, and more than two forms of one plan differ by."""
+    from acstudio.capture.step import prepare_optimizer
+
+    optimizer = workload.make_optimizer()
+    prepare_optimizer(workload.model, optimizer)
+    return optimizer
 
 
 def autocast(spec: WorkloadSpec, dev: torch.device) -> contextlib.AbstractContextManager:
@@ -210,7 +224,7 @@ def model_step(req: Request, apply_checkpointing: Callable[[Workload], dict[str,
         w.to(req.dev)
         if compiled:
             model = torch.compile(model, backend=req.compile_backend)
-    opt = w.make_optimizer()
+    opt = ready_optimizer(w)
     return Prepared(eager_step(req.spec, req.dev, model, opt, w.batch, w.loss_fn), w.model, opt, w.batch, info)
 
 
@@ -234,7 +248,6 @@ def prepare_rewritten(req: Request) -> Prepared:
     its node ids are the ones the plan refers to.
     """
     from acstudio.capture.serialize import deserialize_step
-    from acstudio.capture.step import prepare_optimizer
     from acstudio.plan.solvers import plan as plan_budget
     from acstudio.rewrite.rewriter import rewrite
     from acstudio.units import parse_budget
@@ -245,7 +258,6 @@ def prepare_rewritten(req: Request) -> Prepared:
     plan = plan_budget(profile, with_headroom(budget_bytes))
     step = rewrite(deserialize_step(profile.graph, device=str(dev)), profile, plan)
     w, opt = load(spec, dev)
-    prepare_optimizer(w.model, opt)  # the state a fresh optimizer starts from, as the graph reads it
     info = {"budget_bytes": int(budget_bytes), "profile_peak_bytes": profile.peak_bytes,
             "profile_iteration_ms": profile.iteration_ms, "graph_nodes": len(step.gm.graph.nodes),
             "plan": scalar_fields(plan), "recomputed_activations": len(getattr(plan, "recomputed", ()))}
@@ -456,7 +468,7 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
         times = CompiledTimes.parse(req.compiled_step_ms) if req.compiled_step_ms else None
         per_op = parse_budget(req.compiled_per_op_peak, profile.peak_bytes) if req.compiled_per_op_peak else None
         plan = plan_compiled(PlanContext(profile), with_headroom(budget_bytes), measured, times=times,
-                             measured_per_op_peak=per_op)
+                             measured_per_op_peak=per_op, measured_budget=budget_bytes)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
     else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)
         plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")
