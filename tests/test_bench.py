@@ -20,7 +20,7 @@ from conftest import tiny_spec
 from acstudio.bench import BenchConfig, BenchResults, compare, expand_configs, parse_size, run_bench, search_max_batch
 from acstudio.bench.measure import StorageTracker
 from acstudio.bench.runner import bench_args, run_worker
-from acstudio.bench.steps import enable_per_block, per_op_context, with_headroom
+from acstudio.bench.steps import Request, enable_per_block, per_op_context, prepare, with_headroom
 from acstudio.bench.worker import run_config
 from acstudio.child_process import MARK
 from acstudio.errors import ACStudioError, Cancelled, DeviceError
@@ -323,6 +323,31 @@ def test_per_block_checkpoints_every_resnet_block_without_changing_gradients():
         w.loss_fn(w.model, w.batch).backward()
     for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_every_row_makes_its_optimizer_state_before_its_first_step_and_trains_as_a_fresh_one():
+    """A peer's row has its AdamW state before the first step, as the rewritten rows do (so the allocator
+    rounds it alike for every row), and its first steps are bitwise those of an optimizer that makes it itself."""
+    spec = WorkloadSpec.from_dict(tiny_spec("gpt2", batch_size=2).to_dict() | {"optimizer": "adamw"})
+    torch.manual_seed(1)
+    prepared = prepare(Request(BenchConfig.parse("per-block"), spec, torch.device("cpu")))
+    params = [p for p in prepared.model.parameters() if p.requires_grad]
+    assert all(set(prepared.optimizer.state[p]) >= {"exp_avg", "exp_avg_sq"} for p in params)
+    plain = build_workload(spec)
+    enable_per_block(plain)
+    optimizer = plain.make_optimizer()
+    assert not optimizer.state
+    for _ in range(2):
+        torch.manual_seed(2)
+        ours = prepared.step()
+        torch.manual_seed(2)
+        optimizer.zero_grad(set_to_none=True)
+        theirs = plain.loss_fn(plain.model, plain.batch)
+        theirs.backward()
+        optimizer.step()
+        assert torch.equal(ours, theirs.detach())
+    for p, q in zip(prepared.model.parameters(), plain.model.parameters()):
+        assert torch.equal(p, q)
 
 
 def test_out_of_memory_and_errors_are_recorded_not_raised(faulty, tmp_path):
