@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 MiB = 2**20
-DEFAULT = ["compile+per-op", "sac+compile@compile+per-op"]
+CONFIGS = ["compile+per-op", "sac+compile@compile+per-op"]  # the peer, then our form of its set
 
 
 def site(frames: list[dict]) -> str:
@@ -97,7 +97,7 @@ def measure_one(cfg: dict) -> dict:
     return {k: (dict(v) if isinstance(v, collections.Counter) else v) for k, v in found.items()}
 
 
-def configs(result: dict, profile: Path, names: list[str], tmp: Path) -> list[dict]:
+def configs(result: dict, profile: Path, tmp: Path) -> list[dict]:
     rows = {r["config"]: r for r in result["rows"]}
     ours = next(r for r in result["rows"] if r["kind"] == "sac+compile")
     plan_dir_profile = tmp / "profiles" / profile.name
@@ -105,7 +105,7 @@ def configs(result: dict, profile: Path, names: list[str], tmp: Path) -> list[di
     shutil.copy(profile, plan_dir_profile)
     times = [rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")]
     out = []
-    for name in names:
+    for name in CONFIGS:
         row = rows[name]
         cfg = {"spec": row["spec"], "config": name, "device": "cuda", "warmup": row["warmup"] - 5, "iters": 2,
                "profile_path": str(plan_dir_profile), "compile_backend": "inductor"}
@@ -123,10 +123,9 @@ def main() -> None:
         print(json.dumps(measure_one(json.loads(sys.argv[2]))))
         return
     out, result, profile = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
-    names = DEFAULT
     tmp = out / "probe_tmp"
     found = {}
-    for cfg in configs(result, profile, names, tmp):
+    for cfg in configs(result, profile, tmp):
         run = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], capture_output=True, text=True)
         if run.returncode:
             sys.exit(f"{cfg['config']} failed:\n{run.stderr[-3000:]}")
@@ -137,7 +136,7 @@ def main() -> None:
         lines.append(f"== {name}: measured peak {f['measured'][0] / MiB:.2f} MiB, resident before the step "
                      f"{f['measured'][1] / MiB:.2f} MiB; replayed from the history: peak "
                      f"{f['replayed_peak'] / MiB:.2f}")
-    a, b = names[0], names[1]
+    a, b = CONFIGS
     for part in ("resident", "at_peak"):
         lines.append(f"\n== {part}: bytes by site, {b} less {a} (|difference| >= 0.01 MiB), then each total")
         sites = set(found[a][part]) | set(found[b][part])
@@ -147,7 +146,7 @@ def main() -> None:
             if abs(d) >= 0.01 * MiB:
                 lines.append(f"  {d / MiB:+10.2f} MiB  {s}  ({found[a][part].get(s, 0) / MiB:.2f} -> "
                              f"{found[b][part].get(s, 0) / MiB:.2f})")
-        for name in names:
+        for name in CONFIGS:
             total = sum(found[name][part].values())
             lines.append(f"  {name}: {total / MiB:.2f} MiB over {len(found[name][part])} sites")
     text = "\n".join(lines) + "\n"
