@@ -7,7 +7,8 @@ import pytest
 
 from acstudio.bench import runner
 from acstudio.bench.configs import BenchConfig
-from acstudio.bench.steps import with_headroom
+from acstudio.bench.steps import COMPILED_HEADROOM, HEADROOM, with_headroom
+from acstudio.bench.worker import run_config
 from acstudio.plan.baselines import MATMULS, is_attention, per_module, per_op
 from acstudio.plan.compiled import (
     TIMED_MODE,
@@ -311,6 +312,24 @@ def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(t
         assert CompiledTimes.parse(by_config[name]["compiled_step_ms"]) == CompiledTimes(1.0, 1.5, 1.2)
     assert "compiled_per_block_peak" not in by_config["sac@3GiB"]
     assert BenchConfig.parse("fsdp+sac+compile@fsdp+per-block").spec.compiled
+
+
+def test_a_compiled_sac_row_plans_a_wider_headroom_below_its_budget(tmp_path):
+    """The planning step of a sac+compile row aims COMPILED_HEADROOM below the budget it must fit (the compiled
+    peak is calibrated, not simulated op by op), an eager sac row HEADROOM below it; at one budget the two export
+    to folders of their own."""
+    from conftest import tiny_spec
+
+    spec = tiny_spec("gpt2")
+    base = {"spec": spec.to_dict(), "device": "cpu", "warmup": 1, "iters": 3, "task": "plan",
+            "profile_path": str(tmp_path / "profile.json.gz")}
+    compiled = run_config(base | {"config": "sac+compile@60%", "compiled_per_block_peak": "1MiB",
+                                  "compiled_step_ms": "1.0,1.5"})
+    eager = run_config(base | {"config": "sac@60%"})
+    for row, share in ((compiled, COMPILED_HEADROOM), (eager, HEADROOM)):
+        assert row["status"] == "ok", row["message"]
+        assert row["details"]["plan"]["budget_bytes"] == with_headroom(row["details"]["budget_bytes"], share)
+    assert COMPILED_HEADROOM > HEADROOM and compiled["details"]["plan"]["compiled_peak_bytes"] is not None
 
 
 def test_compiled_the_last_layers_output_comes_back_at_its_first_backward_use_unless_its_op_is_saved():

@@ -74,7 +74,7 @@ def measure_one(cfg: dict) -> dict:
         def torchtitans_set(ctx, budget, solver, cancel):
             return ctx.plan_for_set(solver, budget, compiled.torchtitan_held(ctx), mode=compiled.TIMED_MODE)
 
-        steps.with_headroom = lambda budget: budget
+        steps.with_headroom = lambda budget, share=0.0: budget
         compiled.fastest_in_compiled_memory = torchtitans_set
         worker.plan_ahead_of(cfg)
     found = {}
