@@ -13,6 +13,7 @@ offloaded block (in backward order) then stalled ~10 ms on its copy back, whatev
 of the blocks that offload nothing now prefetch the block before them.
 """
 
+import functools
 import statistics
 import sys
 import time
@@ -28,17 +29,18 @@ from acstudio.hostcopy import storage_bytes
 from acstudio.workload import WorkloadSpec
 
 MiB = 2**20
-OUT = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-MODEL = sys.argv[2] if len(sys.argv) > 2 else "gpt2"
-dynamo_config.cache_size_limit = 256
-dynamo_config.accumulated_cache_size_limit = 1024
 DECODER = (("hidden_size", "2048"), ("intermediate_size", "5632"), ("num_hidden_layers", "16"),
            ("num_attention_heads", "16"), ("num_key_value_heads", "16"), ("vocab_size", "32000"),
            ("max_position_embeddings", "2048"))
 SPECS = {"gpt2": WorkloadSpec("gpt2", 32, optimizer="adam", seq_len=512),
          "decoder": WorkloadSpec("llama", 8, optimizer="adamw", precision="bf16", seq_len=1024, config=DECODER)}
-SPEC = SPECS[MODEL]
 dev = torch.device("cuda")
+
+
+def allow_a_graph_per_block() -> None:
+    """Room in Dynamo's caches for one compiled graph per block call site (and per block, where they guard)."""
+    dynamo_config.cache_size_limit = 256
+    dynamo_config.accumulated_cache_size_limit = 1024
 
 
 def save_matmuls_policy():
@@ -168,11 +170,11 @@ class Offloaded(torch.nn.Module):
             return self.region(*args, **kwargs)
 
 
-def build(form: str, context_fn, offload_blocks: int):
+def build(spec: WorkloadSpec, form: str, context_fn, offload_blocks: int):
     """``form`` whole: torch.compile of the model (torchtitan's policy via HF's own checkpointing when
     ``context_fn``); regions: every block a compiled region, the first ``offload_blocks`` under the hooks, inside
     the compiled model (its embeddings, head and loss compiled between the blocks)."""
-    w, opt = load(SPEC, dev)
+    w, opt = load(spec, dev)
     offload = None
     if form == "whole":
         if context_fn is not None:
@@ -187,24 +189,32 @@ def build(form: str, context_fn, offload_blocks: int):
             region = torch.compile(Region(b, context_fn))
             setattr(parent, name, Offloaded(region, offload, i < offload_blocks))
         model = torch.compile(w.model)
+    return training_step(spec, w, opt, model, offload), offload
+
+
+def training_step(spec: WorkloadSpec, w, opt, model, offload: BlockOffload | None):
+    """One training step of ``model`` (``w.model`` as compiled) with ``w``'s loss and ``opt``."""
 
     def step():
         if offload is not None:
             offload.new_step()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=SPEC.precision == "bf16"):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=spec.precision == "bf16"):
             loss = w.loss_fn(model, w.batch)
         loss.backward()
         opt.step()
         return loss
 
-    return step, offload
+    return step
 
 
-def measure(name: str, form: str, context_fn, offload_blocks: int = 0) -> None:
+def measure(out_file: Path, name: str, make) -> dict | None:
+    """Build a step with ``make()`` (the step and its :class:`BlockOffload` or None), run three steps, one for the
+    peak and ten timed; append one line to ``out_file`` and return peak and median (None where it failed)."""
     t0 = time.perf_counter()
+    result = None
     try:
-        step, offload = build(form, context_fn, offload_blocks)
+        step, offload = make()
         losses = [float(step()) for _ in range(3)]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
@@ -219,18 +229,25 @@ def measure(name: str, form: str, context_fn, offload_blocks: int = 0) -> None:
                 f"  step {statistics.median(times):7.1f} ms"
                 f" (IQR {q[2] - q[0]:4.1f})  moved {moved:5.2f} GiB  losses {losses[0]:.5f} {losses[-1]:.5f}"
                 f"  [{time.perf_counter() - t0:.0f} s]")
+        result = {"peak": peak, "ms": statistics.median(times), "iqr": q[2] - q[0]}
     except Exception as exc:  # a probe: record the failure and go on
         line = f"{name:34s} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     print(line, flush=True)
-    with open(OUT / "compiled_block_offload.txt", "a") as f:
+    with open(out_file, "a") as f:
         f.write(line + "\n")
     torch._dynamo.reset()
     torch.cuda.empty_cache()
+    return result
 
 
 if __name__ == "__main__":
+    OUT = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    MODEL = sys.argv[2] if len(sys.argv) > 2 else "gpt2"
+    SPEC = SPECS[MODEL]
+    allow_a_graph_per_block()
     OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "compiled_block_offload.txt", "a") as f:
+    out_file = OUT / "compiled_block_offload.txt"
+    with open(out_file, "a") as f:
         f.write(f"torch {torch.__version__} {torch.cuda.get_device_name(dev)} {MODEL} {SPEC}\n")
     deadline = time.perf_counter() + float(sys.argv[3] if len(sys.argv) > 3 else 520)
     configs = [("compile+per-op (whole)", "whole", per_op_context, 0),
@@ -245,4 +262,4 @@ if __name__ == "__main__":
         if time.perf_counter() > deadline:
             print(f"{cfg[0]}: skipped (time)", flush=True)
             continue
-        measure(*cfg)
+        measure(out_file, cfg[0], functools.partial(build, SPEC, *cfg[1:]))
