@@ -19,6 +19,9 @@ measured step shows.
 
 Usage: PYTHONPATH=. python3 benchmarks/probes/compiled_offload_plan.py OUT_DIR [gpt2|decoder512|decoder1024]
 Output: OUT_DIR/compiled_offload_plan.txt, one line per measured configuration and one per K planned.
+On a CPU, the planning alone for committed grid shapes (their compiled parts' calibration rows and profiles):
+PYTHONPATH=. python3 benchmarks/probes/compiled_offload_plan.py OUT_DIR --from-grid SHAPE...
+(results/probes/compiled_offload_plan_cpu.txt: the GPT-2 and decoder shapes, 2026-11-27).
 """
 
 import functools
@@ -104,27 +107,53 @@ def main(out: Path, name: str) -> None:
         write(out_file, "a calibration row failed: nothing planned")
         return
     region_ms = rows["regions per-op"]["ms"] - rows["compile+per-op"]["ms"]
-    budget = rows["compile+per-op"]["peak"]
     times = CompiledTimes(rows["compile"]["ms"], rows["compile+per-block"]["ms"], rows["compile+per-op"]["ms"])
     profile = cached_profile(spec, dev, str(out / f"{name}.profile.json.gz"))
+    candidates = plan_table(out_file, profile, times, rows["compile+per-op"]["peak"], rows["compile+per-block"]["peak"],
+                            region_ms)
+    for _, k, plan in sorted(candidates, key=lambda c: c[0])[:2]:
+        measure(out_file, f"planned, {k} blocks offloaded", functools.partial(planned_regions, spec, profile, plan, k))
+
+
+def plan_table(out_file: Path, profile, times: CompiledTimes, budget: int, per_block_peak: int,
+               region_ms: float | None) -> list:
+    """One line per K (its plan, bytes offloaded, copy time against the forward's, predicted peak and step; the
+    regions' cost added where measured); returns (predicted ms, K, plan) of those that fit with hidden copies."""
     ctx = PlanContext(profile)
-    n_blocks = len(sac_blocks(ctx.sim).blocks)
     forward_ms = times.compile_ms * forward_share(profile)
     candidates = []
-    for k in range(n_blocks):
-        plan, held = plan_for(ctx, k, budget, rows["compile+per-block"]["peak"], budget, times)
+    for k in range(len(sac_blocks(ctx.sim).blocks)):
+        plan, held = plan_for(ctx, k, budget, per_block_peak, budget, times)
         peak = plan.compiled_peak_bytes - held
-        ms = times.compile_ms + plan.compiled_extra_ms + (region_ms if k else 0.0)
+        ms = times.compile_ms + plan.compiled_extra_ms + (region_ms if k and region_ms else 0.0)
         copy_ms = held / (profile.link.d2h_gb_s * 1e9) * 1e3
         fits, hides = peak <= budget, copy_ms <= 0.75 * forward_ms
         write(out_file, f"K={k:2d} planned: {len(plan.recomputed):4d} recomputed, {held / 2**30:5.2f} GiB offloaded"
                         f" ({copy_ms:5.1f} ms of copies in a {forward_ms:5.1f} ms forward: "
                         f"{'hidden' if hides else 'too long'}), peak {peak / MiB:9.0f} MiB predicted "
-                        f"({'fits' if fits else 'OVER'} {budget / MiB:.0f}), step {ms:7.1f} ms predicted")
+                        f"({'fits' if fits else 'OVER'} {budget / MiB:.0f}), step {ms:7.1f} ms predicted"
+                        f" ({ms / times.per_op_ms:.3f} of compile+per-op's {times.per_op_ms:.1f})")
         if fits and hides:
             candidates.append((ms, k, plan))
-    for _, k, plan in sorted(candidates, key=lambda c: c[0])[:2]:
-        measure(out_file, f"planned, {k} blocks offloaded", functools.partial(planned_regions, spec, profile, plan, k))
+    return candidates
+
+
+def plan_from_grid(out: Path, shape: str) -> None:
+    """On a CPU: the table of :func:`plan_table` for a committed grid shape, from its compiled part's calibration
+    rows and profile (``results/grid/SHAPE.compiled.json``, ``results/grid/profiles/SHAPE.compiled.json.gz``),
+    without the regions' own cost, which only a GPU run measures."""
+    from acstudio.bench.results import BenchResults
+    from acstudio.profile.model import Profile
+
+    rows = {r["config"]: r for r in BenchResults.load(Path("results/grid") / f"{shape}.compiled.json").rows}
+    measured = {name: (int(rows[name]["peak_bytes"]), rows[name]["time_ms_median"])
+                for name in ("compile", "compile+per-block", "compile+per-op")}
+    times = CompiledTimes(*(measured[name][1] for name in ("compile", "compile+per-block", "compile+per-op")))
+    out.mkdir(parents=True, exist_ok=True)
+    out_file = out / "compiled_offload_plan_cpu.txt"
+    write(out_file, f"{shape} (results/grid/{shape}.compiled.json), planned on a CPU, before the regions' own cost")
+    plan_table(out_file, Profile.load(Path("results/grid/profiles") / f"{shape}.compiled.json.gz"), times,
+               measured["compile+per-op"][0], measured["compile+per-block"][0], None)
 
 
 def forward_share(profile) -> float:
@@ -143,4 +172,8 @@ def per_block_whole(spec: WorkloadSpec):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "."), sys.argv[2] if len(sys.argv) > 2 else "gpt2")
+    if len(sys.argv) > 3 and sys.argv[2] == "--from-grid":
+        for grid_shape in sys.argv[3:]:
+            plan_from_grid(Path(sys.argv[1]), grid_shape)
+    else:
+        main(Path(sys.argv[1] if len(sys.argv) > 1 else "."), sys.argv[2] if len(sys.argv) > 2 else "gpt2")
