@@ -67,16 +67,16 @@ class BlockOffload:
         self.moved = 0
         self.pool: dict[int, list[tuple[torch.Tensor, torch.cuda.Event | None]]] = {}  # pinned buffers by size
 
-    def hooks(self, offload: bool = True):
+    def hooks(self, offload: bool = True, keep: frozenset[int] = frozenset()):
         """The hooks of one block call; without ``offload`` they keep what it saves and only prefetch, when its
-        backward starts, what the call before it offloaded."""
+        backward starts, what the call before it offloaded. Storages whose data pointer is in ``keep`` stay."""
         call: list[dict] = []
         self.calls.append(call)
         seen: dict[int, dict] = {}
 
         def pack(t):
             if (not offload or t.device.type != "cuda" or isinstance(t, torch.nn.Parameter)
-                    or t.untyped_storage().nbytes() < MiB):
+                    or t.untyped_storage().nbytes() < MiB or t.untyped_storage().data_ptr() in keep):
                 return "kept", t, call
             storage = t.untyped_storage()
             handle = seen.get(storage.data_ptr())
@@ -156,17 +156,25 @@ class Offloaded(torch.nn.Module):
     """The compiled region, called eager inside the offload's hooks (a graph break when the model around it is
     compiled too)."""
 
-    def __init__(self, region, offload: BlockOffload | None, offloads: bool) -> None:
+    def __init__(self, region, offload: BlockOffload | None, offloads: bool, keep_shared: bool = False) -> None:
         super().__init__()
         self.region = region
         self.offload = offload
         self.offloads = offloads
+        # keep the parameters' storages (views of them are saved as plain tensors) and those of every tensor
+        # argument but the first positional one, the hidden state (a mask, rotary tables: other blocks read them)
+        self.keep_shared = keep_shared
 
     @torch.compiler.disable
     def forward(self, *args, **kwargs):
         if self.offload is None:
             return self.region(*args, **kwargs)
-        with self.offload.hooks(self.offloads):
+        keep = frozenset()
+        if self.keep_shared:
+            shared = list(self.region.parameters()) + [
+                t for t in [*args[1:], *kwargs.values()] if isinstance(t, torch.Tensor)]
+            keep = frozenset(t.untyped_storage().data_ptr() for t in shared)
+        with self.offload.hooks(self.offloads, keep):
             return self.region(*args, **kwargs)
 
 

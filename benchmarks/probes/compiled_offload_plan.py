@@ -11,7 +11,9 @@ its copies can cross the link in 3/4 of the forward (the share of the copy windo
 integration; the forward's time is compile's step times the forward's share of the profile's node times); its
 predicted time is compile's plus the plan's compiled extra time plus what the blocks cost compiled one by one
 (torchtitan's policy as regions against it whole, measured in this run). The two fastest candidates then run:
-blocks wrapped by ``acstudio.apply_plan``, each compiled alone inside the hooks, the model compiled around them.
+blocks wrapped by ``acstudio.apply_plan``, each compiled alone inside the hooks, the model compiled around them; the
+hooks keep on the device the parameters (saved views of them included) and every block argument but the hidden
+state (a mask, rotary tables), which the other blocks read too.
 
 The peak model assumes the step's peak comes after every offloaded copy has landed and before any comes back (the
 loss head; on the decoders the AdamW step, which no activation decision moves): it says nothing of stalls, which the
@@ -82,7 +84,7 @@ def planned_regions(spec: WorkloadSpec, profile, plan, k: int):
     parents = {id(b): (p, n) for p in w.model.modules() for n, b in p.named_children()}
     for i, b in enumerate(find_blocks(w)):
         parent, name = parents[id(b)]
-        setattr(parent, name, Offloaded(torch.compile(b), offload, i < k))
+        setattr(parent, name, Offloaded(torch.compile(b), offload, i < k, keep_shared=True))
     return make_training_step(spec, w, opt, torch.compile(w.model), offload), offload
 
 
