@@ -40,9 +40,18 @@ class CpuOffloadWarning(UserWarning):
 
 
 def host_available_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Host memory available to a new allocation without swapping (Linux ``MemAvailable``; elsewhere the free
-    physical pages), or None where neither can be read; inside a container with a memory limit, no more than the
-    room left under that limit, since the kernel kills a process there before the host runs short."""
+    """Host memory available to a new allocation without swapping (:func:`free_host_bytes`), or None where it
+    cannot be read; inside a container with a memory limit, no more than the room left under that limit, since the
+    kernel kills a process there before the host runs short."""
+    free = free_host_bytes()
+    room = cgroup_room_bytes(cgroup_root)
+    if room is None:
+        return free
+    return room if free is None else min(free, room)
+
+
+def free_host_bytes() -> int | None:
+    """Linux ``MemAvailable``; elsewhere the free physical pages; None where neither can be read."""
     free = None
     try:
         with open("/proc/meminfo") as f:
@@ -57,10 +66,7 @@ def host_available_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | No
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (AttributeError, ValueError, OSError):
             pass
-    room = cgroup_room_bytes(cgroup_root)
-    if room is None:
-        return free
-    return room if free is None else min(free, room)
+    return free
 
 
 def cgroup_room_bytes(root: Path) -> int | None:

@@ -222,14 +222,18 @@ def test_a_cuda_pool_needs_and_locks_the_pages_it_spans(monkeypatch):
     ({"memory/memory.limit_in_bytes": str(2**63 - 4096), "memory/memory.usage_in_bytes": "1"}, None),
     ({}, None),
 ])
-def test_host_memory_counts_the_container_limit(tmp_path, files, expected_room):
+def test_host_memory_counts_the_container_limit(tmp_path, files, expected_room, monkeypatch):
     """Inside a container the kernel kills a process at its cgroup's limit, whatever the host has free: the free
-    memory the pool is checked against is never above the room left under that limit."""
+    memory the pool is checked against is never above the room left under that limit. (The host's free memory is
+    fixed here: read twice from the live system, it moved between the reads when other processes ran.)"""
     from acstudio.hostcopy import cgroup_room_bytes, host_available_bytes
 
+    assert hostcopy.free_host_bytes() > 0  # read from the live system (Linux: MemAvailable)
+    unlimited = 5000
+    monkeypatch.setattr(hostcopy, "free_host_bytes", lambda: unlimited)
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert cgroup_room_bytes(tmp_path) == expected_room
-    unlimited = host_available_bytes(tmp_path / "absent")
+    assert host_available_bytes(tmp_path / "absent") == unlimited
     assert host_available_bytes(tmp_path) == (unlimited if expected_room is None else min(unlimited, expected_room))
