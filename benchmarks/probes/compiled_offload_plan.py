@@ -26,12 +26,14 @@ PYTHONPATH=. python3 benchmarks/probes/compiled_offload_plan.py OUT_DIR --from-g
 (results/probes/compiled_offload_plan_cpu.txt: the GPT-2 and decoder shapes, 2026-11-27).
 """
 
+import dataclasses
 import functools
 import sys
 from pathlib import Path
 
 import torch
-from compiled_block_offload import DECODER, BlockOffload, Offloaded, allow_a_graph_per_block, build, dev, measure
+from compiled_block_offload import SPECS as BLOCK_SPECS
+from compiled_block_offload import BlockOffload, Offloaded, allow_a_graph_per_block, build, dev, measure
 from compiled_block_offload import training_step as make_training_step
 
 import acstudio
@@ -43,9 +45,10 @@ from acstudio.simulate.sac import sac_blocks
 from acstudio.workload import WorkloadSpec
 
 MiB = 2**20
-SPECS = {"gpt2": WorkloadSpec("gpt2", 32, optimizer="adam", seq_len=512),
-         "decoder512": WorkloadSpec("llama", 16, optimizer="adamw", precision="bf16", seq_len=512, config=DECODER),
-         "decoder1024": WorkloadSpec("llama", 8, optimizer="adamw", precision="bf16", seq_len=1024, config=DECODER)}
+# the shapes of compiled_block_offload.py (GPT-2 seq 512 bs32, the decoder at seq 1024 bs8) and the decoder at the
+# grid's seq 512 bs16
+SPECS = {"gpt2": BLOCK_SPECS["gpt2"], "decoder1024": BLOCK_SPECS["decoder"],
+         "decoder512": dataclasses.replace(BLOCK_SPECS["decoder"], batch_size=16, seq_len=512)}
 
 
 def held_by_regions(ctx: PlanContext, recomputed: list[str], k: int) -> int:
