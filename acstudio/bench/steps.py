@@ -419,7 +419,7 @@ def prepare_sac(req: Request) -> Prepared:
                             "(`acstudio bench` runs the worker with task \"plan\")") from None
 
     def apply(workload: Workload) -> dict[str, Any]:
-        workload.model = acstudio.apply_plan(workload.model, plan_dir)
+        workload.model = acstudio.apply_plan(workload.model, plan_dir, compile_options={"backend": req.compile_backend})
         return info
 
     return model_step(req, apply)
@@ -474,7 +474,9 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
         measured = parse_budget(req.compiled_per_block_peak, profile.peak_bytes)
         times = CompiledTimes.parse(req.compiled_step_ms) if req.compiled_step_ms else None
         per_op = parse_budget(req.compiled_per_op_peak, profile.peak_bytes) if req.compiled_per_op_peak else None
-        plan = plan_compiled(PlanContext(profile), with_headroom(budget_bytes, COMPILED_HEADROOM), measured,
+        # one device: the blocks may run compiled one by one and offload what they save (acstudio.apply_plan)
+        ctx = PlanContext(profile, offload=req.config.parallel is None)
+        plan = plan_compiled(ctx, with_headroom(budget_bytes, COMPILED_HEADROOM), measured,
                              times=times, measured_per_op_peak=per_op, measured_budget=budget_bytes)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
     else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)

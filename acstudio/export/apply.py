@@ -58,6 +58,7 @@ from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy, offload_refusal
 from acstudio.hostcopy import CopyStreams, PageLocked, check_host_memory, storage_bytes
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
+from acstudio.simulate.sac import REGION_MIN_BYTES
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
 # Overloads that stand for the same computation in make_fx's capture, eager and torch.compile's trace
@@ -323,11 +324,11 @@ def load_policy(plan) -> SacPolicy:
     if isinstance(plan, tuple) and len(plan) == 2:
         profile, p = plan
         p.check_profile(profile)
-        return SacPolicy.from_plan(profile, p.recomputed, getattr(p, "offloaded", ()))
+        return SacPolicy.from_plan(profile, p.recomputed, getattr(p, "offloaded", ()), p.replay_mode)
     raise ACStudioError(f"apply_plan takes an export folder or a (profile, plan) pair, not {type(plan).__name__}")
 
 
-def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
+def apply_plan(model: torch.nn.Module, plan, compile_options: dict | None = None) -> torch.nn.Module:
     """Wrap ``model``'s blocks in place in SAC checkpoints that follow ``plan``; returns ``model``.
 
     ``plan`` is a folder written by ``acstudio export ... --format sac`` or a ``(Profile, Plan)`` pair. Blocks
@@ -341,6 +342,10 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
     random ops are saved or replayed with the random state they drew from), frozen parameters (no gradient, no
     update) and evaluation under ``torch.no_grad()`` (the blocks run unwrapped). Compiled block by block, each
     block is a graph of its own (:func:`compiled_per_block`), so Dynamo's recompile limit is raised by their number.
+
+    A plan for torch.compile that offloads (its policy's ``regions``) compiles those blocks here, each on its own
+    (``torch.compile(block.forward, **compile_options)``), and runs them inside the hooks of :class:`RegionOffload`;
+    compile the model around them as usual: each of them is a graph break.
     """
     policy = load_policy(plan)
     if policy.offloads and offload_refusal():
@@ -355,10 +360,19 @@ def apply_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
                                      "— profile and plan this model again")
     check_containers(policy, modules)
     dynamo = torch._dynamo.config  # one entry per block (compiled_per_block), beside the model's own
-    dynamo.recompile_limit = max(dynamo.recompile_limit, len(policy.blocks) + 8)
+    regions = {*policy.regions, *policy.regions.values()}
+    dynamo.recompile_limit = max(dynamo.recompile_limit, len(policy.blocks) + len(regions) + 8)
     offload = SacOffload(policy.offload_bytes) if policy.offloads else None
     for block, ops in policy.blocks.items():
         wrap_block(modules[block], block, ops, offload)
+    if regions:
+        missing = sorted(b for b in regions if b not in modules)
+        if missing:
+            raise ModelMismatchError(f"the model has no module {missing[0]!r}, a block of the plan "
+                                     "— profile and plan this model again")
+        runtime = RegionOffload(policy.offload_bytes, policy.regions)
+        for block in sorted(regions, key=list(modules).index):
+            run_as_region(modules[block], block, runtime, compile_options or {})
     return model
 
 
@@ -515,3 +529,108 @@ class SacOffload:
                 stored.fetched = None
             call.stored.clear()
             call.copies.clear()
+
+
+class _RegionCall:
+    """One forward call of a block that runs compiled on its own (see :class:`RegionOffload`): the host copies of
+    what it saved, and whether its backward has started."""
+
+    def __init__(self, runtime: RegionOffload, block: str, offload: bool, keep: set[int]) -> None:
+        self.runtime = runtime
+        self.block = block
+        self.offload = offload
+        self.keep = keep  # data pointers of storages that stay on the device (parameters, shared arguments)
+        self.copies: list[_Stored] = []
+        self.started = False
+
+    def pack(self, t):
+        storage = t.untyped_storage()
+        if (not self.offload or isinstance(t, torch.nn.Parameter) or storage.nbytes() < REGION_MIN_BYTES
+                or storage.data_ptr() in self.keep):
+            return self, t
+        return self.runtime.store(self, t), t.dtype, t.size(), t.stride(), t.storage_offset()
+
+    def unpack(self, packed):
+        self.runtime.backward_starts(self)
+        if len(packed) == 2:
+            return packed[1]
+        (stored, refs), dtype, size, stride, offset = packed
+        buffer = self.runtime.wait(stored)
+        refs[0] -= 1
+        if refs[0] == 0:  # the last saved slot of this storage: the host buffer is free once its copy back is done
+            self.runtime.release(stored)
+        return torch.empty(0, dtype=dtype, device=buffer.device).set_(buffer.untyped_storage(), offset, size, stride)
+
+
+class RegionOffload(SacOffload):
+    """The copies of a plan's regions (:attr:`SacPolicy.regions <acstudio.export.sac.SacPolicy.regions>`): blocks
+    compiled one by one, each called inside saved-tensors hooks. A block compiled alone is an autograd function
+    that hands what it saves to the hooks when its forward ends and takes all of it back when its backward starts,
+    where a model compiled whole saves nothing until its whole forward has run (see
+    :meth:`acstudio.simulate.sac.ReplaySacCompiled.offload`, which prices this).
+
+    An offloaded block's saved storages of at least ``REGION_MIN_BYTES`` go to the host (one copy per storage per
+    step, whichever block saves it first); parameters, views of them and the arguments other blocks read too (a
+    mask, rotary tables) stay on the device. Each block's copies come back when the backward of the block the plan
+    names starts (or its own, at the latest), from the pool, streams and events of :class:`SacOffload`."""
+
+    def __init__(self, planned_bytes: int, regions: dict[str, str]) -> None:
+        super().__init__(planned_bytes)
+        self.regions = regions
+        self.fetches: dict[str, list[str]] = {}
+        for block, at in regions.items():
+            self.fetches.setdefault(at, []).append(block)
+        self.unfetched: dict[str, list[_RegionCall]] = {}  # per block, its forward calls not yet fetched
+        self.stored: dict[int, tuple[weakref.ref, tuple[_Stored, list[int]]]] = {}  # this step's copies by address
+
+    def region_call(self, block: str, keep: set[int]) -> _RegionCall:
+        call = _RegionCall(self, block, block in self.regions, keep)
+        if call.offload:
+            self.unfetched.setdefault(block, []).append(call)
+        return call
+
+    def store(self, call: _RegionCall, t: torch.Tensor) -> tuple[_Stored, list[int]]:
+        """The host copy of ``t``'s storage (made once per storage) and its count of saved slots."""
+        storage = t.untyped_storage()
+        known = self.stored.get(storage.data_ptr())
+        if known is None or known[0]() is not storage:
+            known = (weakref.ref(storage), (self.to_host(t), [0]))
+            self.stored[storage.data_ptr()] = known
+            call.copies.append(known[1][0])
+        known[1][1][0] += 1
+        return known[1]
+
+    def backward_starts(self, call: _RegionCall) -> None:
+        """Once per call: fetch what the blocks the plan fetches here offloaded, and this call's own."""
+        if call.started:
+            return
+        call.started = True
+        for block in [*self.fetches.get(call.block, []), call.block]:
+            pending = self.unfetched.get(block)
+            if pending:
+                for stored in pending.pop().copies:
+                    self.fetch(stored)
+
+    def release(self, stored: _Stored) -> None:
+        self.pool.setdefault(stored.nbytes, []).append(stored.host)
+        stored.fetched = None
+        self.stored = {p: v for p, v in self.stored.items() if v[1][0] is not stored}
+
+
+def run_as_region(module: torch.nn.Module, block: str, offload: RegionOffload, compile_options: dict) -> None:
+    """Make ``module`` (a block, wrapped by :func:`wrap_block` or not) run compiled on its own inside ``offload``'s
+    hooks: its forward, now a graph break where the model around it is compiled, calls the compiled block."""
+    compiled = torch.compile(module.forward, **compile_options)
+    params = list(module.parameters())
+
+    @torch.compiler.disable
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return compiled(*args, **kwargs)
+        shared = [t for t in tree_flatten((args[1:], kwargs))[0] if isinstance(t, torch.Tensor)]
+        keep = {t.untyped_storage().data_ptr() for t in [*params, *shared]}
+        call = offload.region_call(block, keep)
+        with torch.autograd.graph.saved_tensors_hooks(call.pack, call.unpack):
+            return compiled(*args, **kwargs)
+
+    module.forward = forward

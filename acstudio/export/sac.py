@@ -13,11 +13,14 @@ under torch.compile each recomputed random op keeps its own, so it is recomputed
 A block whose only saved ops are updates can run a plain checkpoint instead, which puts the block's buffers back
 after the replay.
 
-Version 2 adds ``offload`` and the bytes the policy offloads, version 3 ``save-eager``; each policy is written at
-the lowest version that holds its decisions (one without either is version 1, which earlier versions of AC Studio
-read too), and all three are read. Offload runs only where the installed torch
-passes SAC's cache through saved-tensors hooks (:func:`offload_unsupported`); elsewhere a plan
-that offloads is refused here, naming the form that runs it.
+Version 2 adds ``offload`` and the bytes the policy offloads, version 3 ``save-eager``, version 4 ``regions``: for a
+plan made for torch.compile that offloads (replay mode "sac-compiled"), the blocks that run compiled one by one with
+everything they save copied to the host, each with the block at whose backward start its copies come back
+(:meth:`~acstudio.simulate.sac.ReplaySacCompiled.offload`). Each policy is written at the lowest version that holds
+its decisions (one without any is version 1, which earlier versions of AC Studio read too), and all are read.
+Per-op offload runs only where the installed torch passes SAC's cache through saved-tensors hooks
+(:func:`offload_unsupported`); elsewhere a plan that offloads so is refused here, naming the form that runs it.
+Regions need no such support: a compiled block saves through plain saved-tensors hooks.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ from acstudio.errors import ProfileFileError
 from acstudio.export.formats import ExportFormat, ExportJob, register_format
 from acstudio.fileio import read_document, write_document
 from acstudio.profile.model import Profile
-from acstudio.simulate.sac import OFFLOAD, SAVE, is_op, simulate_sac
+from acstudio.simulate.sac import OFFLOAD, SAC_COMPILED_MODE, SAVE, is_op, sac_blocks, simulate_sac
 
 POLICY_FILE = "sac_policy.json"
 POLICY_SCHEMA = "acstudio.sac_policy"
-VERSIONS = (3, 2, 1)  # read; written: 3 with a save-eager decision, else 2 when it offloads, else 1
+VERSIONS = (4, 3, 2, 1)  # read; written: 4 with regions, 3 with a save-eager decision, 2 when it offloads, else 1
 OFFLOAD_FORM = "export the step format and run it with acstudio.load_step"
 
 
@@ -68,27 +71,41 @@ class SacPolicy:
     predicted_extra_ms: float
     containers: dict[str, list[str]] = field(default_factory=dict)
     offload_bytes: int = 0  # bytes the offload decisions copy to the host each step (its pinned memory)
+    # blocks compiled one by one whose saved tensors go to the host -> the block at whose backward start they come
+    # back (a plan for torch.compile that offloads; see the module)
+    regions: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_plan(cls, profile: Profile, recomputed: list[str], offloaded: Collection[str] = ()) -> SacPolicy:
-        """The SAC form of ``recomputed``, offloading what it can of ``offloaded`` (activation ids)."""
-        form = simulate_sac(profile, recomputed, offloaded)
+    def from_plan(cls, profile: Profile, recomputed: list[str], offloaded: Collection[str] = (),
+                  replay_mode: str = "sac") -> SacPolicy:
+        """The SAC form of ``recomputed``, offloading what it can of ``offloaded`` (activation ids): per op, or,
+        for a plan made in the compiled mode (``replay_mode`` "sac-compiled"), what whole blocks save."""
+        regions = replay_mode == SAC_COMPILED_MODE.name and bool(offloaded)
+        form = simulate_sac(profile, recomputed, () if regions else offloaded)
         by_id = profile.node_by_id
         blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how in (SAVE, OFFLOAD), i in form.state_updates,
                                  how == OFFLOAD, i in form.eager_only)
                       for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
+        if regions:
+            result = SAC_COMPILED_MODE.simulate(form.simulator, recomputed, offloaded)
+            return cls(profile.fingerprint, blocks, form.freed, result.peak_bytes, result.extra_ms,
+                       containers(profile, blocks), result.offload.moved_bytes,
+                       fetched_by(form.simulator, result.offload))
         moved = form.result.offload.moved_bytes if form.result.offload is not None else 0
         return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms,
                    containers(profile, blocks), moved)
 
     @property
     def offloads(self) -> bool:
+        """Whether a block's op offloads its output (eager SAC's cache through saved-tensors hooks)."""
         return any(d.offload for ops in self.blocks.values() for d in ops)
 
     @property
     def version(self) -> int:
         """The lowest file version that holds its decisions (see the module)."""
         decisions = [d for ops in self.blocks.values() for d in ops]
+        if self.regions:
+            return 4
         return 3 if any(d.eager_only and not d.offload for d in decisions) else 2 if self.offloads else 1
 
     def to_dict(self) -> dict:
@@ -96,7 +113,9 @@ class SacPolicy:
              "blocks": {b: [[d.op, d.module, _decision(d)] for d in ops] for b, ops in self.blocks.items()},
              "freed": self.freed, "predicted_peak_bytes": self.predicted_peak_bytes,
              "predicted_extra_ms": self.predicted_extra_ms, "containers": self.containers}
-        return {**d, "offload_bytes": self.offload_bytes} if self.offloads else d
+        if self.regions:
+            d["regions"] = self.regions
+        return {**d, "offload_bytes": self.offload_bytes} if self.offloads or self.regions else d
 
     @classmethod
     def from_dict(cls, d: dict) -> SacPolicy:
@@ -104,7 +123,8 @@ class SacPolicy:
                                  how == "offload", how == "save-eager")
                       for op, module, how in ops] for b, ops in d["blocks"].items()}
         return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"],
-                   {k: list(v) for k, v in d.get("containers", {}).items()}, int(d.get("offload_bytes", 0)))
+                   {k: list(v) for k, v in d.get("containers", {}).items()}, int(d.get("offload_bytes", 0)),
+                   {str(k): str(v) for k, v in d.get("regions", {}).items()})
 
     def save(self, directory: Path) -> str:
         path = Path(directory) / POLICY_FILE
@@ -135,6 +155,18 @@ def containers(profile: Profile, blocks) -> dict[str, list[str]]:
     return out
 
 
+def fetched_by(sim, copies) -> dict[str, str]:
+    """Per block whose saves ``copies`` (an :class:`~acstudio.simulate.offload.OffloadSchedule` of the compiled
+    mode) offload, the block at whose backward start they are fetched: the earliest fetch of its activations."""
+    blocks = sac_blocks(sim)
+    at_node = {n: b for b, n in blocks.replay_at.items()}
+    fetch: dict[str, int] = {}
+    for k, node in zip(copies.offloaded.tolist(), copies.prefetch.tolist()):
+        for b in blocks.holders(k):
+            fetch[b] = min(fetch.get(b, node), node)
+    return {b: at_node[node] for b, node in sorted(fetch.items(), key=lambda item: blocks.blocks.index(item[0]))}
+
+
 def _decision(d: OpDecision) -> str:
     if not d.save:
         return "recompute"
@@ -144,7 +176,8 @@ def _decision(d: OpDecision) -> str:
 def policy(job: ExportJob) -> SacPolicy:
     """The job's SAC policy, made once per export."""
     return job.once("sac", lambda: SacPolicy.from_plan(job.profile, job.recomputed,
-                                                       getattr(job.recomputed, "offloaded", ())))
+                                                       getattr(job.recomputed, "offloaded", ()),
+                                                       getattr(job.recomputed, "replay_mode", "sac")))
 
 
 def write(job: ExportJob, directory: Path) -> list[str]:
@@ -187,11 +220,12 @@ def offload_refusal() -> str:
 
 
 def unavailable(job: ExportJob) -> str:
-    if getattr(job.recomputed, "offloaded", ()):
+    regions = getattr(job.recomputed, "replay_mode", "") == SAC_COMPILED_MODE.name
+    if getattr(job.recomputed, "offloaded", ()) and not regions:
         refusal = offload_refusal()
         if refusal:
             return refusal
-    if policy(job).blocks:
+    if policy(job).blocks or policy(job).regions:
         return ""
     return ("the plan frees nothing inside a block SAC can wrap (a repeated block or a module around them), so "
             "SAC would change nothing")

@@ -54,8 +54,8 @@ projection. Its set as it runs compiled (:func:`torchtitan_held`) keeps the rota
 what torchtitan's step holds and replays what it replays. Given the same op decisions, the SAC form that
 :func:`acstudio.apply_plan` builds partitions exactly as torchtitan's policy does.
 
-Compiled plans keep or recompute; they do not offload. Under torch.compile SAC's cache is a tracing artifact, so the
-saved-tensors hooks through which :func:`acstudio.apply_plan` offloads in eager never run, and the partitioner treats
+A model compiled whole cannot offload: under torch.compile SAC's cache is a tracing artifact, so the saved-tensors
+hooks through which :func:`acstudio.apply_plan` offloads in eager never run, and the partitioner treats
 ``CheckpointPolicy.MUST_CPU_OFFLOAD`` as an untagged op (its min-cut saved such linear outputs on a decoder, as
 ``MUST_SAVE`` would). Torch's own activation offloading for compiled graphs (``torch._functorch.config
 .enable_activation_offloading``, marked for testing) offloads only nodes that a joint-graph pass
@@ -64,9 +64,13 @@ synchronous form compiles (its separate-stream form fails in Inductor's fake-ten
 stream waits for every copy: measured on a decoder, it took the offloaded outputs off the peak but made the step
 slower than recomputing them. Torch 2.14's separate-stream form either waits right after each copy or sinks the
 waits to the end of the forward graph, which for a model compiled whole keeps the memory until the peak has passed.
-What a block compiled on its own saves does pass through plain saved-tensors hooks, when that block's forward ends:
-``benchmarks/probes/compiled_block_offload.py`` measured GPT-2 so, 0.8% faster than torchtitan's policy compiled
-whole at a lower peak; a planner for it is not in place yet (docs/results.md).
+
+What a block compiled on its own saves does pass through plain saved-tensors hooks, when that block's forward ends,
+on torch 2.11 too. So a compiled plan may run its first K blocks so, with everything they save offloaded
+(:func:`with_region_offload`; simulated by the "sac-compiled" mode's offload, run by ``apply_plan``'s
+``RegionOffload``): it is planned at the budget plus what those saves take off the device, and kept where it is
+faster than the plan without offload. Measured with the probe ``benchmarks/probes/compiled_offload_plan.py`` on
+GPT-2 (seq 512, H100), five blocks so ran 310.3 ms against compile+per-op's 316.1, at a lower peak.
 """
 
 from __future__ import annotations
@@ -84,9 +88,14 @@ from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, faster_at_lowest_peak, plan_for_mode, tighten_to_budget
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.replay import ReplayGraph
+from acstudio.simulate.sac import sac_blocks
 from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
 
+# A plan that offloads more blocks is taken only where it is predicted faster by this share of the step: measured
+# on GPT-2 (seq 512, H100), six blocks offloaded ran 5 ms slower than five, predicted 0.2 ms faster
+# (results/probes/compiled_offload_plan_gpt2_h100.txt); each block moved is a risk the simulator does not see.
+OFFLOAD_MARGIN = 0.002
 COMPILED_MODE = "sac"  # a compiled plan runs as torch's selective checkpointing (acstudio.apply_plan)
 TIMED_MODE = "sac-compiled"  # the compiled memory, replays pruned as the partitioner prunes them
 
@@ -353,19 +362,77 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
                       f"compile+per-op's {format_bytes(measured_per_op_peak)}, within the budget without its "
                       "planning headroom")
             held = dataclasses.replace(held, stop_reason=reason)
-            return as_compiled(ctx, held, measured_budget, at_measured, times is not None, why)
+            offloads = with_region_offload(ctx, timed, held, budget + offset, solver, cancel, measured=held)
+            if offloads is held:
+                return as_compiled(ctx, held, measured_budget, at_measured, times is not None, why)
+            if not offloads.feasible:  # it fits by measurement, as held does: at the budget held was planned at
+                offloads = timed.plan_for_set(offloads.solver, measured_budget + at_measured,
+                                              timed.sim.indices(offloads.recomputed), offloads.stop_reason,
+                                              mode=TIMED_MODE,
+                                              offloaded=[timed.rg.act_index[a] for a in offloads.offloaded])
+                return as_compiled(ctx, offloads, measured_budget, at_measured, times is not None, why)
+            return as_compiled(ctx, offloads, budget, offset, times is not None, why)
+    found = with_region_offload(ctx, timed, found, budget + offset, solver, cancel)
     return as_compiled(ctx, found, budget, offset, times is not None, why)
+
+
+def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budget: int, solver: str,
+                        cancel: CancelToken | None, measured: Plan | None = None) -> Plan:
+    """``found`` or, where one is faster within ``budget`` (compiled memory), a plan that runs the first K blocks
+    compiled one by one with what they save offloaded (the sac-compiled mode's offload), for K = 1, 2, ...
+
+    For each K the plan is searched at the budget plus the bytes those blocks' saves take off the device (twice:
+    the bytes depend on the plan) and then priced with its copies: the peak with each activation off the device
+    from its copy's end to its copy back, the stalls where a copy back lands late. The search stops at the first
+    K whose copies stall: the copies out run one after another, so more blocks only queue more of them.
+
+    ``measured``: a plan that fits by measurement (torchtitan's set, measured at compile+per-op's peak). A plan
+    that peaks at the same node with no more bytes fits too, though over ``budget`` (marked infeasible here): on a
+    decoder every plan peaks in the AdamW step, which no activation decision moves, a planning headroom above
+    the budget."""
+    if not ctx.may_offload or solver != DEFAULT_SOLVER:
+        return found
+    blocks = sac_blocks(ctx.sim)
+    best = found
+    margin_ms = OFFLOAD_MARGIN * ctx.profile.iteration_ms
+    for k in range(1, len(blocks.blocks)):
+        if cancel is not None:
+            cancel.check()
+        regions, held_bytes, trial = blocks.blocks[:k], 0, found
+        for _ in range(2):
+            trial = fastest_in_compiled_memory(timed, budget + held_bytes, solver, cancel)
+            held = blocks.region_held(ctx.sim.indices(trial.recomputed), regions)
+            held_bytes = int(ctx.rg.bytes[held].sum())
+        if not held or held_bytes > ctx.host_memory:
+            continue
+        offloaded = timed.plan_for_set(trial.solver, budget, timed.sim.indices(trial.recomputed), trial.stop_reason,
+                                       mode=TIMED_MODE, offloaded=held)
+        fits = offloaded.feasible or (measured is not None
+                                      and offloaded.predicted_peak_node == measured.predicted_peak_node
+                                      and offloaded.predicted_peak_bytes <= measured.predicted_peak_bytes)
+        if fits and offloaded.predicted_extra_ms < best.predicted_extra_ms - margin_ms:
+            best = dataclasses.replace(offloaded, stop_reason=f"{offloaded.stop_reason}; the first {k} blocks "
+                                       "compiled one by one, what they save offloaded")
+        if offloaded.offload_stall_ms > 0:
+            break
+    return best
 
 
 def as_compiled(ctx: PlanContext, compiled_memory: Plan, budget: int, offset: int, timed: bool, why: str) -> Plan:
     """``compiled_memory`` (a plan in the compiled memory, at ``budget`` plus ``offset``) as the plan the SAC form
     runs: its set in the SAC mode with what only the compiled step frees added, the compiled peak and, where
     ``timed``, the compiled overhead recorded."""
+    offloaded = [ctx.rg.act_index[a] for a in compiled_memory.offloaded]
+    # a plan that offloads runs its blocks compiled one by one: the compiled memory's mode is the one it runs in
+    mode = TIMED_MODE if offloaded else COMPILED_MODE
     chosen = ctx.plan_for_set(compiled_memory.solver, budget + offset, ctx.sim.indices(compiled_memory.recomputed),
-                              compiled_memory.stop_reason, mode=COMPILED_MODE)
+                              compiled_memory.stop_reason, mode=mode, offloaded=offloaded)
     extra = {"compiled_extra_ms": compiled_memory.predicted_extra_ms} if timed else {}
     if timed:
         why += f"; compiled +{compiled_memory.predicted_extra_ms:.2f} ms"
+    if offloaded:
+        why += (f", {format_bytes(compiled_memory.offload_bytes)} offloaded each way"
+                f"{' (hidden)' if compiled_memory.offload_stall_ms <= 0 else ''}")
     cache_only = chosen.predicted_peak_bytes - compiled_memory.predicted_peak_bytes  # eager SAC's cache, at peak
     chosen = dataclasses.replace(with_compiled_frees(ctx, chosen, compiled_memory.recomputed), budget_bytes=budget,
                                  compiled_offset_bytes=offset + cache_only, feasible=compiled_memory.feasible, **extra)

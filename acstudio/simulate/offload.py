@@ -150,12 +150,13 @@ class OffloadSchedule:
 
 
 def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
-                     not_before: np.ndarray | None = None) -> OffloadSchedule:
+                     not_before: np.ndarray | None = None, regions: RegionCopies | None = None) -> OffloadSchedule:
     """Schedule and price the copies of activation indices ``offloaded`` (see the module docstring) beside the
     ``replays`` a plan runs (:class:`~acstudio.simulate.replay.Replay`: inserted before node ``at``, taking
     ``time_ms``, reading ``sources``). Activations a replay produces (recomputed ones) stay on the device, and
     so do those that cannot be offloaded. ``not_before``: per activation, the earliest node its copy back may be
-    issued before (it is still issued by the node that needs it)."""
+    issued before (it is still issued by the node that needs it). ``regions``: where a runtime that copies whole
+    regions issues each copy and needs it back, in place of the per-activation nodes."""
     rg, facts, link = sim.replay, sim.offload_facts, sim.profile.link
     chosen = np.zeros(len(rg.bytes), dtype=bool)
     chosen[np.asarray(list(offloaded), dtype=np.int64)] = True
@@ -171,6 +172,8 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
     # issue[i]: the point before node i where copies are issued and memory released; start[i]: its replays have run
     issue, start, end = clock.issue, clock.start, clock.end
     ready, last_fw, first_bw = facts.ready[ks_arr], rg.last_fw[ks_arr], rg.first_bw[ks_arr]
+    if regions is not None:
+        ready, last_fw, first_bw = regions.ready[ks_arr], regions.ready[ks_arr], regions.needed[ks_arr]
     first_read = np.full(len(rg.bytes), sim.n, dtype=np.int64)  # per activation, the first replay reading it
     read = [(s, r.at) for r in replays for s in r.sources]
     if read:
@@ -194,6 +197,8 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
     for j in np.lexsort((ks_arr, rg.created[ks_arr], need_ms))[::-1].tolist():
         lane = h2d_begin[j] = min(need[j], lane) - took[j]
     prefetch = np.clip(np.searchsorted(issue, h2d_begin, side="right") - 1, release, needed)
+    if regions is not None:
+        prefetch = np.clip(regions.snap(prefetch, ks_arr), release, needed)
     if not_before is not None:
         prefetch = np.minimum(np.maximum(prefetch, not_before[ks_arr]), needed)
 
@@ -241,6 +246,30 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
                        link.offload_issue_nodes * node_ms / 4)
     return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
                            float(delay), waits, float(later[-1]))
+
+
+@dataclass
+class RegionCopies:
+    """Where a runtime that copies what whole regions save (a block compiled on its own, its saved tensors passed
+    through saved-tensors hooks when its forward ends) issues and needs each activation's copies: per activation,
+    ``ready`` (the copy out is issued after this node: the end of the region's forward) and ``needed`` (the
+    region's backward unpacks everything it saved before this node, its first); the copy back can be issued only
+    where a region's backward starts (``starts``: those nodes, ascending), so a planned prefetch is moved to the
+    last of them at or before it."""
+
+    ready: np.ndarray
+    needed: np.ndarray
+    starts: np.ndarray
+
+    def snap(self, prefetch: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        """``prefetch`` (nodes, for activations ``ks``) moved back to a region's backward start, each region's
+        activations together (the runtime fetches a region's copies at once): the earliest any of them needs."""
+        at = np.searchsorted(self.starts, prefetch, side="right") - 1
+        snapped = self.starts[np.maximum(at, 0)]  # none before the first: the first backward start
+        earliest: dict[int, int] = {}
+        for n, s in zip(self.needed[ks].tolist(), snapped.tolist()):
+            earliest[n] = min(earliest.get(n, s), s)
+        return np.array([earliest[n] for n in self.needed[ks].tolist()], dtype=np.int64)
 
 
 def host_delay(device_ms: np.ndarray, host_ms: np.ndarray, calls_at: np.ndarray, call_ms: float) -> np.ndarray:

@@ -53,11 +53,14 @@ import numpy as np
 from acstudio.profile.model import Profile
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
 from acstudio.simulate.modes import ReplayMode, register_mode
-from acstudio.simulate.offload import OffloadSchedule
+from acstudio.simulate.offload import OffloadSchedule, RegionCopies, offload_schedule
 from acstudio.simulate.replay import FORWARD_REGIONS, Replay, is_inplace
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
 
+# What a compiled region's hooks leave on the device: a copy of a smaller tensor costs more than it frees
+# (the runtime's threshold too, acstudio.export.apply.REGION_MIN_BYTES)
+REGION_MIN_BYTES = 2**20
 SAVE = "save"
 RECOMPUTE = "recompute"
 OFFLOAD = "offload"  # saved, its output copied to host memory and back (see the module)
@@ -443,6 +446,47 @@ class SacBlocks:
                 late.setdefault(b, []).append(k)
         return {b: tuple(sorted(ks)) for b, ks in late.items()}
 
+    def holders(self, k: int) -> list[str]:
+        """The blocks whose forward holds activation ``k`` (its own and those that read it; "" for code outside
+        every block): a block compiled on its own saves what it made and its arguments, so each may save it."""
+        readers = [self.block[i] for i in self.outside_readers.get(k, ())]
+        return list(dict.fromkeys([self.act_block[k], *readers]))
+
+    @cached_property
+    def region_copies(self) -> RegionCopies:
+        """Where a runtime that offloads what whole blocks save (each compiled alone inside saved-tensors hooks)
+        issues an activation's copies: out when the last block holding it ends its forward, back by the first
+        node of the first of those blocks' backwards, and issued where a block's backward starts (its
+        ``replay_at``: the first backward node that reads what it saved). -1 / n where a holder is no block."""
+        rg, n = self.sim.replay, self.sim.n
+        last_fw = {b: max(ns) for b, ns in self.fw_nodes.items() if ns}
+        ready = np.full(len(rg.bytes), -1, dtype=np.int64)
+        needed = np.full(len(rg.bytes), n, dtype=np.int64)
+        for k in range(len(rg.bytes)):
+            hs = self.holders(k)
+            if all(b in last_fw and b in self.replay_at for b in hs):
+                ready[k] = max(last_fw[b] for b in hs)
+                needed[k] = min(self.replay_at[b] for b in hs)
+        return RegionCopies(ready, needed, np.array(sorted(set(self.replay_at.values())), dtype=np.int64))
+
+    def region_held(self, recomputed: Collection[int], regions: Collection[str]) -> list[int]:
+        """The activations that ``regions`` (blocks, each compiled alone, their saved tensors offloaded) copy to
+        the host under the compiled form of ``recomputed``: kept, read in backward, of at least
+        :data:`REGION_MIN_BYTES`, held by those blocks only (an output that an offloaded block passes to one that
+        keeps, or to the loss head, stays) and offloadable at all (:class:`~acstudio.simulate.offload.OffloadFacts`)."""
+        rg, facts, copies = self.sim.replay, self.sim.offload_facts, self.region_copies
+        _, freed = self.decide(recomputed, compiled=True)
+        regions = set(regions)
+        return [k for k in range(len(rg.bytes))
+                if not freed[k] and rg.bytes[k] >= REGION_MIN_BYTES and rg.first_bw[k] < self.sim.n
+                and facts.offloadable[k] and copies.ready[k] >= 0 and set(self.holders(k)) <= regions]
+
+    def fetched_by(self, regions: Collection[str], prefetch: dict[str, int]) -> dict[str, str]:
+        """Per offloaded block, the block at whose backward start its copies come back: ``prefetch`` (a node per
+        block, a :class:`RegionCopies` start) named by the block that starts there."""
+        at_node = {n: b for b, n in self.replay_at.items()}
+        return {b: at_node[prefetch[b]] for b in regions if b in prefetch}
+
     def _moved_replay(self, replay: Replay, outputs: tuple[int, ...]) -> Replay:
         """``replay`` with ``outputs`` added, run at the first backward use of any of them if that comes first
         (what the compiled step recomputes for them runs the block's forward there), one object per combination
@@ -531,7 +575,7 @@ class ReplaySacCompiled(ReplaySac):
 
     name = "sac-compiled"
     summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"
-    supports_offload = False  # see acstudio.export.apply.compiled_offload_unsupported
+    supports_offload = True  # what whole blocks save, each compiled alone (see offload)
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         return True  # compiled, the policy runs while tracing only
@@ -551,6 +595,17 @@ class ReplaySacCompiled(ReplaySac):
         """The replayed nodes the replay's outputs depend on."""
         return sac_blocks(sim).needed(replay)
 
+    def offload(self, sim: Simulator, schedule: SacSchedule, offloaded: Collection[int]) -> OffloadSchedule | None:
+        """The copies of ``offloaded`` as a compiled step makes them: a model compiled whole saves for backward only
+        once its whole forward has run, so what its blocks save cannot leave before the peak; a block compiled on
+        its own inside saved-tensors hooks hands what it saves to them when its forward ends, and unpacks all of
+        it when its backward starts (:func:`acstudio.apply_plan` runs the blocks of ``SacBlocks.region_held`` so).
+        The copies go out after the last block holding each activation, come back issued at a block's backward
+        start (:class:`~acstudio.simulate.offload.RegionCopies`), and are needed by the first holder's backward."""
+        if not len(offloaded):
+            return None
+        return offload_schedule(sim, offloaded, schedule.replays, regions=sac_blocks(sim).region_copies)
+
 
 SAC_COMPILED_MODE = register_mode(ReplaySacCompiled())
 
@@ -565,6 +620,7 @@ class SacForm:
     result: SimResult
     state_updates: set[str] = dataclasses.field(default_factory=set)  # saved ops that update module state
     eager_only: set[str] = dataclasses.field(default_factory=set)  # saved ops that torch.compile recomputes
+    simulator: Simulator | None = dataclasses.field(default=None, repr=False)  # the one it was simulated on
 
 
 def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collection[str],
@@ -585,4 +641,4 @@ def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collecti
     state = {nodes[i].id for i, why in blocks.forced.items() if why == UPDATES_STATE}
     eager_only = {nodes[i].id for i, how in decision.items() if how != RECOMPUTE and compiled[i] == RECOMPUTE}
     return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result,
-                   state_updates=state, eager_only=eager_only)
+                   state_updates=state, eager_only=eager_only, simulator=sim)

@@ -1,0 +1,131 @@
+"""Offload under torch.compile: blocks compiled one by one, what each saves copied to the host when its forward ends
+and back at a block's backward start; simulated in the compiled mode, planned by the compiled planner, carried by
+the SAC policy's regions and run by apply_plan's RegionOffload, bitwise like the plan without offload."""
+
+import copy
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+import torch
+from test_sac import dropout_free_gpt2, train
+
+from acstudio.export import apply as apply_module
+from acstudio.export import sac
+from acstudio.export.apply import apply_plan
+from acstudio.hostcopy import CpuOffloadWarning
+from acstudio.plan.compiled import TIMED_MODE, CompiledTimes, plan_compiled
+from acstudio.plan.schedule import PlanContext
+from acstudio.profile.model import HostLink
+from acstudio.simulate import sac as sac_module
+from acstudio.simulate.modes import get_mode
+from acstudio.simulate.sac import sac_blocks
+
+
+@pytest.fixture(autouse=True)
+def small_regions(monkeypatch):
+    """The tiny model's saved tensors are a few KiB: offload them all."""
+    monkeypatch.setattr(sac_module, "REGION_MIN_BYTES", 1024)
+    monkeypatch.setattr(apply_module, "REGION_MIN_BYTES", 1024)
+
+
+@functools.cache
+def workload():
+    """(workload, profile as on a GPU whose copies cost their bytes only) of a 4-layer dropout-free GPT-2."""
+    w, profile = dropout_free_gpt2(("n_layer", "4"))
+    profile = dataclasses.replace(profile, host_link=HostLink(copy_latency_us=0.0, offload_issue_us=0.0),
+                                  environment={**profile.environment, "device_type": "cuda"})
+    return w, profile
+
+
+def region_plans(k: int):
+    """(context, plan offloading what the first ``k`` blocks save, the same recompute set without offload)."""
+    _, profile = workload()
+    ctx = PlanContext(profile)
+    blocks = sac_blocks(ctx.sim)
+    rc = [int(c) for c in ctx.rg.candidates if blocks.act_block[c] in blocks.blocks and int(c) % 2]
+    held = blocks.region_held(rc, blocks.blocks[:k])
+    return (ctx, ctx.plan_for_set("mutwo", profile.peak_bytes, rc, mode=TIMED_MODE, offloaded=held),
+            ctx.plan_for_set("mutwo", profile.peak_bytes, rc, mode=TIMED_MODE))
+
+
+def test_a_region_copies_what_its_block_saves_when_its_forward_ends_and_gets_it_back_at_a_backward_start():
+    ctx, plan, plain = region_plans(2)
+    blocks = sac_blocks(ctx.sim)
+    mode = get_mode(TIMED_MODE)
+    schedule = mode.schedule(ctx.sim, ctx.sim.indices(plan.recomputed))
+    copies = mode.offload(ctx.sim, schedule, [ctx.rg.act_index[a] for a in plan.offloaded])
+    assert plan.offloaded and copies.moved_bytes == plan.offload_bytes
+    last_fw = {b: max(blocks.fw_nodes[b]) for b in blocks.blocks}
+    starts = set(blocks.replay_at.values())
+    for k, ready, needed, prefetch in zip(copies.offloaded, copies.ready, copies.needed, copies.prefetch):
+        holders = blocks.holders(int(k))
+        assert set(holders) <= set(blocks.blocks[:2])  # held by the offloaded blocks only
+        # back by the first holder's backward, or by a replay before it that reads it
+        assert ready == max(last_fw[b] for b in holders) and needed <= min(blocks.replay_at[b] for b in holders)
+        assert prefetch in starts and prefetch <= needed  # issued where a block's backward starts
+    # the memory: the plan's without offload, less each copy from its release to its copy back
+    base = mode.evaluate(ctx.sim, schedule, timeline=True)[3]
+    off = mode.evaluate(ctx.sim, schedule, timeline=True, extra=copies.memory(ctx.sim))[3]
+    gap = ctx.sim._span(copies.release, copies.prefetch - 1, copies.bytes)
+    assert gap.max() > 0 and np.array_equal(base[:, 3] - off[:, 3], gap)  # column 3: activations
+    assert plan.predicted_peak_bytes < plain.predicted_peak_bytes
+
+
+def test_the_policy_names_the_regions_and_where_each_comes_back(tmp_path):
+    ctx, plan, plain = region_plans(2)
+    policy = sac.SacPolicy.from_plan(ctx.profile, plan.recomputed, plan.offloaded, plan.replay_mode)
+    blocks = sac_blocks(ctx.sim).blocks
+    assert list(policy.regions) == blocks[:2] and policy.version == 4
+    assert all(blocks.index(at) >= blocks.index(b) for b, at in policy.regions.items())
+    assert policy.offload_bytes == plan.offload_bytes and not policy.offloads  # no op offloads: whole blocks do
+    without = sac.SacPolicy.from_plan(ctx.profile, plain.recomputed)
+    assert policy.blocks == without.blocks  # the same save/recompute decisions
+    policy.save(tmp_path)
+    assert sac.SacPolicy.load(tmp_path) == policy
+
+
+def test_regions_train_bitwise_like_eager_with_one_graph_each(monkeypatch):
+    """Each region is compiled alone (its own graph), the model compiled around them; its copies go to the host
+    and come back, the host buffers of the first step serve the second, and training is bitwise eager's."""
+    w, _ = workload()
+    ctx, plan, _ = region_plans(2)
+    policy = sac.SacPolicy.from_plan(ctx.profile, plan.recomputed, plan.offloaded, plan.replay_mode)
+    regions = {*policy.regions, *policy.regions.values()}
+    reference = train(copy.deepcopy(w.model), w)
+    graphs, stored, buffers = [], [], []
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return torch._dynamo.backends.debugging.aot_eager(graph, example_inputs)
+
+    to_host, page_locked = apply_module.RegionOffload.to_host, apply_module.PageLocked
+    monkeypatch.setattr(apply_module.RegionOffload, "to_host",
+                        lambda self, t: stored.append(t.shape) or to_host(self, t))
+    monkeypatch.setattr(apply_module, "PageLocked", lambda n, d: buffers.append(n) or page_locked(n, d))
+    torch._dynamo.reset()
+    model = apply_plan(copy.deepcopy(w.model), (ctx.profile, plan), compile_options={"backend": counting})
+    compiled = torch.compile(model, backend="aot_eager")
+    with pytest.warns(CpuOffloadWarning):  # a copy to the host frees nothing on a CPU: the user is told
+        trained = train(compiled, w)
+    for a, b in zip(trained, reference, strict=True):
+        assert torch.equal(a, b)
+    assert len(graphs) == len(regions)  # one graph per region: none reused for another block, no recompile
+    assert stored and len(stored) % 2 == 0 and len(buffers) == len(stored) // 2  # the second step reused the pool
+
+
+def test_the_compiled_planner_offloads_blocks_where_that_is_faster():
+    """Below compile+per-op's peak, recomputing costs replays; on this link offloading the first blocks' saves
+    costs nothing: the planner picks blocks to offload, and the plan fits the budget it was given."""
+    _, profile = workload()
+
+    times = CompiledTimes(profile.iteration_ms, profile.iteration_ms * 1.3, profile.iteration_ms * 1.1)
+    measured = int(profile.peak_bytes * 0.6)
+    budget = int(profile.peak_bytes * 0.7)
+    recompute_only = plan_compiled(PlanContext(profile), budget, measured, times=times)
+    offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times)
+    assert recompute_only.replay_mode == "sac" and not recompute_only.offloaded
+    assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.feasible
+    assert offloads.compiled_peak_bytes <= budget
+    assert offloads.compiled_extra_ms < recompute_only.compiled_extra_ms
