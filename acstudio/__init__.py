@@ -13,12 +13,13 @@ def load_step(directory, model, optimizer):
     return _load_step(directory, model, optimizer)
 
 
-def apply_plan(model, plan):
+def apply_plan(model, plan, compile_options=None):
     """Wrap ``model``'s blocks in place in selective-checkpointing checkpoints that follow ``plan``; returns it.
 
-    ``plan``: a folder written by ``acstudio export ... --format sac``, or a ``(Profile, Plan)`` pair. See
-    :func:`acstudio.export.apply.apply_plan`.
+    ``plan``: a folder written by ``acstudio export ... --format sac``, or a ``(Profile, Plan)`` pair;
+    ``compile_options``: ``torch.compile``'s, for the blocks a plan made for torch.compile runs compiled one by one.
+    See :func:`acstudio.export.apply.apply_plan`.
     """
     from acstudio.export.apply import apply_plan as _apply_plan
 
-    return _apply_plan(model, plan)
+    return _apply_plan(model, plan, compile_options)

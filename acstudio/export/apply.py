@@ -25,7 +25,9 @@ pass marks ``should_offload``, which nothing in torch derives from those policie
 for what it costs). Torch 2.11 has no ``respect_saved_tensors_hooks``: there SAC's cache bypasses every
 saved-tensors hook and a plan that offloads is refused (:func:`acstudio.export.sac.offload_unsupported`). Under
 torch.compile the hooks do not run either, so a compiled block keeps its offloaded outputs on the device (a
-warning says so).
+warning says so). A plan made for torch.compile offloads whole blocks instead (the policy's ``regions``): each is
+compiled on its own and called inside the hooks of :class:`RegionOffload`, which see what the compiled block saves
+when its forward ends.
 
 The wrapper changes no parameter, buffer or name: ``state_dict``, optimizers, FSDP2's ``fully_shard`` and DDP see
 the same model.
