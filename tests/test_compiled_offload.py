@@ -11,13 +11,14 @@ import pytest
 import torch
 from test_sac import dropout_free_gpt2, train
 
+from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
 from acstudio.export import apply as apply_module
 from acstudio.export import sac
 from acstudio.export.apply import apply_plan
 from acstudio.hostcopy import CpuOffloadWarning
 from acstudio.plan.compiled import TIMED_MODE, CompiledTimes, plan_compiled
 from acstudio.plan.schedule import PlanContext
-from acstudio.profile.model import HostLink
+from acstudio.profile.model import HostLink, Profile
 from acstudio.simulate import sac as sac_module
 from acstudio.simulate.modes import get_mode
 from acstudio.simulate.sac import sac_blocks
@@ -129,3 +130,20 @@ def test_the_compiled_planner_offloads_blocks_where_that_is_faster():
     assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.feasible
     assert offloads.compiled_peak_bytes <= budget
     assert offloads.compiled_extra_ms < recompute_only.compiled_extra_ms
+
+
+def test_at_compile_per_blocks_peak_a_decoder_offloads_instead_of_recomputing_every_block():
+    """The 168M decoder's sample (H200 profile) at compile+per-block's measured peak: recompute alone can only run
+    per-block's own set; with offload the first blocks' saves go to the host and fewer blocks replay. The plan fits
+    its budget with the copies hidden."""
+    profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
+    times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # tests/test_plan_compiled.py's H200 run
+    budget = with_headroom(measured, COMPILED_HEADROOM)
+    recompute = plan_compiled(PlanContext(profile), budget, measured, times=times, measured_budget=measured)
+    offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
+                             measured_budget=measured)
+    assert recompute.replay_mode == "sac" and offloads.replay_mode == TIMED_MODE
+    assert offloads.offloaded and offloads.offload_stall_ms == 0 and offloads.compiled_peak_bytes <= budget
+    assert offloads.compiled_extra_ms < recompute.compiled_extra_ms
+    policy = sac.SacPolicy.from_plan(profile, offloads.recomputed, offloads.offloaded, offloads.replay_mode)
+    assert policy.regions and policy.offload_bytes == offloads.offload_bytes

@@ -352,28 +352,36 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
         why += (f" and its step time ({times.per_block_ms:g} ms against compile's {times.compile_ms:g}{per_op}: "
                 f"replayed matmuls, convolutions and attention at {kernels:.2f}x their eager time, fused ops at "
                 f"{fused:.2f}x)")
-    if (measured_budget is not None and measured_per_op_peak is not None and solver == DEFAULT_SOLVER
-            and budget < measured_per_op_peak <= measured_budget):
-        at_measured = compiled_offset(ctx, measured_per_block_peak, measured_per_op_peak, measured_budget)
-        held = timed.plan_for_set(found.solver, measured_budget + at_measured, torchtitan_held(ctx),
-                                  mode=TIMED_MODE)
-        if held.feasible and (not found.feasible or held.predicted_extra_ms < found.predicted_extra_ms):
-            reason = (f"budget met by measurement: torchtitan's policy as it runs compiled, measured at "
-                      f"compile+per-op's {format_bytes(measured_per_op_peak)}, within the budget without its "
-                      "planning headroom")
-            held = dataclasses.replace(held, stop_reason=reason)
-            offloads = with_region_offload(ctx, timed, held, budget + offset, solver, cancel, measured=held)
-            if offloads is held:
-                return as_compiled(ctx, held, measured_budget, at_measured, times is not None, why)
-            if not offloads.feasible:  # it fits by measurement, as held does: at the budget held was planned at
-                offloads = timed.plan_for_set(offloads.solver, measured_budget + at_measured,
-                                              timed.sim.indices(offloads.recomputed), offloads.stop_reason,
-                                              mode=TIMED_MODE,
-                                              offloaded=[timed.rg.act_index[a] for a in offloads.offloaded])
-                return as_compiled(ctx, offloads, measured_budget, at_measured, times is not None, why)
-            return as_compiled(ctx, offloads, budget, offset, times is not None, why)
-    found = with_region_offload(ctx, timed, found, budget + offset, solver, cancel)
-    return as_compiled(ctx, found, budget, offset, times is not None, why)
+    fits_measured = None  # a plan that fits by measurement, and the budget and offset it was planned at
+    if measured_budget is not None and solver == DEFAULT_SOLVER:
+        if measured_per_op_peak is not None and budget < measured_per_op_peak <= measured_budget:
+            at_measured = compiled_offset(ctx, measured_per_block_peak, measured_per_op_peak, measured_budget)
+            held = timed.plan_for_set(found.solver, measured_budget + at_measured, torchtitan_held(ctx),
+                                      mode=TIMED_MODE)
+            if held.feasible and (not found.feasible or held.predicted_extra_ms < found.predicted_extra_ms):
+                reason = (f"budget met by measurement: torchtitan's policy as it runs compiled, measured at "
+                          f"compile+per-op's {format_bytes(measured_per_op_peak)}, within the budget without its "
+                          "planning headroom")
+                found = dataclasses.replace(held, stop_reason=reason)
+                fits_measured = (found, at_measured)
+        elif budget < measured_per_block_peak <= measured_budget:  # a decoder: both peers peak in the AdamW step
+            at_measured = compiled_offset(ctx, measured_per_block_peak, measured_per_op_peak, measured_budget)
+            per_block = timed.plan_for_set(found.solver, measured_budget + at_measured, per_module(ctx),
+                                           mode=TIMED_MODE)
+            if per_block.feasible:
+                fits_measured = (per_block, at_measured)
+    offloads = with_region_offload(ctx, timed, found, budget + offset, solver, cancel,
+                                   measured=fits_measured[0] if fits_measured else None)
+    if fits_measured is not None and (offloads is fits_measured[0] or not offloads.feasible):
+        # it fits by measurement: planned at the budget without headroom, as the measured plan was
+        at_measured = fits_measured[1]
+        if offloads is not fits_measured[0]:
+            offloads = timed.plan_for_set(offloads.solver, measured_budget + at_measured,
+                                          timed.sim.indices(offloads.recomputed), offloads.stop_reason,
+                                          mode=TIMED_MODE,
+                                          offloaded=[timed.rg.act_index[a] for a in offloads.offloaded])
+        return as_compiled(ctx, offloads, measured_budget, at_measured, times is not None, why)
+    return as_compiled(ctx, offloads, budget, offset, times is not None, why)
 
 
 def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budget: int, solver: str,
