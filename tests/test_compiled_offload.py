@@ -12,10 +12,13 @@ import torch
 from test_sac import dropout_free_gpt2, train
 
 from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
+from acstudio.errors import Cancelled
 from acstudio.export import apply as apply_module
 from acstudio.export import sac
 from acstudio.export.apply import apply_plan
 from acstudio.hostcopy import CpuOffloadWarning
+from acstudio.jobs import CancelToken
+from acstudio.plan import compiled as acstudio_compiled
 from acstudio.plan.compiled import TIMED_MODE, CompiledTimes, plan_compiled
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import HostLink, Profile
@@ -125,7 +128,7 @@ def test_the_compiled_planner_offloads_blocks_where_that_is_faster():
     measured = int(profile.peak_bytes * 0.6)
     budget = int(profile.peak_bytes * 0.7)
     recompute_only = plan_compiled(PlanContext(profile), budget, measured, times=times)
-    offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times)
+    offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, cancel=CancelToken())
     assert recompute_only.replay_mode == "sac" and not recompute_only.offloaded
     assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.feasible
     assert offloads.compiled_peak_bytes <= budget
@@ -147,3 +150,20 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_instead_of_recomputing_ev
     assert offloads.compiled_extra_ms < recompute.compiled_extra_ms
     policy = sac.SacPolicy.from_plan(profile, offloads.recomputed, offloads.offloaded, offloads.replay_mode)
     assert policy.regions and policy.offload_bytes == offloads.offload_bytes
+
+
+def test_a_cancelled_compiled_plan_stops_in_its_offload_search():
+    _, profile = workload()
+    times = CompiledTimes(profile.iteration_ms, profile.iteration_ms * 1.3, profile.iteration_ms * 1.1)
+    cancel = CancelToken()
+    search = acstudio_compiled.with_region_offload
+
+    def cancelled_first(*args, **kwargs):
+        cancel.cancel()
+        return search(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(acstudio_compiled, "with_region_offload", cancelled_first)
+        with pytest.raises(Cancelled):
+            plan_compiled(PlanContext(profile, offload=True), int(profile.peak_bytes * 0.7),
+                          int(profile.peak_bytes * 0.6), times=times, cancel=cancel)

@@ -405,7 +405,7 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     margin_ms = OFFLOAD_MARGIN * ctx.profile.iteration_ms
     for k in range(1, len(blocks.blocks)):
         if cancel is not None:
-            cancel.check()
+            cancel.raise_if_cancelled()
         regions, held_bytes, trial = blocks.blocks[:k], 0, found
         for _ in range(2):
             trial = fastest_in_compiled_memory(timed, budget + held_bytes, solver, cancel)
