@@ -106,7 +106,7 @@ def test_regions_train_bitwise_like_eager_with_one_graph_each(monkeypatch):
 
     to_host, page_locked = apply_module.RegionOffload.to_host, apply_module.PageLocked
     monkeypatch.setattr(apply_module.RegionOffload, "to_host",
-                        lambda self, t: stored.append(t.shape) or to_host(self, t))
+                        lambda self, t: stored.append(t.untyped_storage().data_ptr()) or to_host(self, t))
     monkeypatch.setattr(apply_module, "PageLocked", lambda n, d: buffers.append(n) or page_locked(n, d))
     torch._dynamo.reset()
     model = apply_plan(copy.deepcopy(w.model), (ctx.profile, plan), compile_options={"backend": counting})
@@ -117,6 +117,7 @@ def test_regions_train_bitwise_like_eager_with_one_graph_each(monkeypatch):
         assert torch.equal(a, b)
     assert len(graphs) == len(regions)  # one graph per region: none reused for another block, no recompile
     assert stored and len(stored) % 2 == 0 and len(buffers) == len(stored) // 2  # the second step reused the pool
+    assert not set(stored) & {p.untyped_storage().data_ptr() for p in model.parameters()}  # parameters stay
 
 
 def test_the_compiled_planner_offloads_blocks_where_that_is_faster():

@@ -373,6 +373,7 @@ def apply_plan(model: torch.nn.Module, plan, compile_options: dict | None = None
             raise ModelMismatchError(f"the model has no module {missing[0]!r}, a block of the plan "
                                      "— profile and plan this model again")
         runtime = RegionOffload(policy.offload_bytes, policy.regions)
+        # the blocks whose backward start fetches copies run compiled alone too: that start is where their hooks are
         for block in sorted(regions, key=list(modules).index):
             run_as_region(modules[block], block, runtime, compile_options or {})
     return model
@@ -402,6 +403,7 @@ class _Stored:
     nbytes: int
     device: torch.device
     fetched: torch.Tensor | None = None
+    slots: int = 0  # saved tensors packed from it and not yet unpacked (RegionOffload)
 
 
 class _OffloadCall:
@@ -549,17 +551,17 @@ class _RegionCall:
         storage = t.untyped_storage()
         if (not self.offload or isinstance(t, torch.nn.Parameter) or storage.nbytes() < REGION_MIN_BYTES
                 or storage.data_ptr() in self.keep):
-            return self, t
+            return t  # kept on the device
         return self.runtime.store(self, t), t.dtype, t.size(), t.stride(), t.storage_offset()
 
     def unpack(self, packed):
         self.runtime.backward_starts(self)
-        if len(packed) == 2:
-            return packed[1]
-        (stored, refs), dtype, size, stride, offset = packed
+        if isinstance(packed, torch.Tensor):
+            return packed
+        stored, dtype, size, stride, offset = packed
         buffer = self.runtime.wait(stored)
-        refs[0] -= 1
-        if refs[0] == 0:  # the last saved slot of this storage: the host buffer is free once its copy back is done
+        stored.slots -= 1
+        if stored.slots == 0:  # the last saved tensor of this storage: its host buffer is free after the copy back
             self.runtime.release(stored)
         return torch.empty(0, dtype=dtype, device=buffer.device).set_(buffer.untyped_storage(), offset, size, stride)
 
@@ -583,7 +585,9 @@ class RegionOffload(SacOffload):
         for block, at in regions.items():
             self.fetches.setdefault(at, []).append(block)
         self.unfetched: dict[str, list[_RegionCall]] = {}  # per block, its forward calls not yet fetched
-        self.stored: dict[int, tuple[weakref.ref, tuple[_Stored, list[int]]]] = {}  # this step's copies by address
+        # the host copies not yet unpacked, by address, each with the storage it copied: once that storage is freed,
+        # a later one at the same address is another
+        self.stored: dict[int, tuple[weakref.ref, _Stored]] = {}
 
     def region_call(self, block: str, keep: set[int]) -> _RegionCall:
         call = _RegionCall(self, block, block in self.regions, keep)
@@ -591,15 +595,14 @@ class RegionOffload(SacOffload):
             self.unfetched.setdefault(block, []).append(call)
         return call
 
-    def store(self, call: _RegionCall, t: torch.Tensor) -> tuple[_Stored, list[int]]:
-        """The host copy of ``t``'s storage (made once per storage) and its count of saved slots."""
+    def store(self, call: _RegionCall, t: torch.Tensor) -> _Stored:
+        """The host copy of ``t``'s storage, made once however many saved tensors view it."""
         storage = t.untyped_storage()
         known = self.stored.get(storage.data_ptr())
         if known is None or known[0]() is not storage:
-            known = (weakref.ref(storage), (self.to_host(t), [0]))
-            self.stored[storage.data_ptr()] = known
-            call.copies.append(known[1][0])
-        known[1][1][0] += 1
+            known = self.stored[storage.data_ptr()] = (weakref.ref(storage), self.to_host(t))
+            call.copies.append(known[1])
+        known[1].slots += 1
         return known[1]
 
     def backward_starts(self, call: _RegionCall) -> None:
@@ -614,9 +617,10 @@ class RegionOffload(SacOffload):
                     self.fetch(stored)
 
     def release(self, stored: _Stored) -> None:
+        """Give ``stored``'s host buffer back to the pool (its next copy in waits for this copy back)."""
         self.pool.setdefault(stored.nbytes, []).append(stored.host)
         stored.fetched = None
-        self.stored = {p: v for p, v in self.stored.items() if v[1][0] is not stored}
+        self.stored = {p: v for p, v in self.stored.items() if v[1] is not stored}
 
 
 def run_as_region(module: torch.nn.Module, block: str, offload: RegionOffload, compile_options: dict) -> None:
