@@ -32,7 +32,8 @@ rewritten graph's in four ways, all simulated here:
   they are usually back earlier than predicted (a block's offloaded bytes sooner on the device) and stall where the
   schedule would have issued them before that block's replay. Activations that leave their block, outputs of
   ops with more than one, and what runs outside the wrapped blocks stay on the device (the rewritten step offloads
-  those).
+  those). Under torch.compile ("sac-compiled") offload is per block instead: a block compiled on its own hands
+  everything it saves to the hooks when its forward ends (:meth:`ReplaySacCompiled.offload`).
 
 Memory is then the simulator's with each freed activation back from its block's replay and each replay's
 high-water mark (:meth:`~acstudio.simulate.replay.ReplayGraph.transient_bytes`) counting the activations it
