@@ -394,13 +394,16 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     from its copy's end to its copy back, the stalls where a copy back lands late. The search stops at the first
     K whose copies stall: the copies out run one after another, so more blocks only queue more of them.
 
+    Only on one device: under FSDP2/DDP (a profile per rank) the blocks are compiled one by one already, inside
+    the parallel wrapper's own hooks, and no run has tried offloading there.
+
     ``measured``: a plan that fits by measurement (torchtitan's set, measured at compile+per-op's peak). A plan
     that peaks at the same node with no more bytes fits too, though over ``budget`` (marked infeasible here): on a
     decoder every plan peaks in the AdamW step, which no activation decision moves, a planning headroom above
     the budget."""
-    if not ctx.may_offload or solver != DEFAULT_SOLVER:
-        return found
     blocks = sac_blocks(ctx.sim)
+    if not ctx.may_offload or solver != DEFAULT_SOLVER or blocks.regional:  # one rank of FSDP2/DDP: not tried yet
+        return found
     best = found
     margin_ms = OFFLOAD_MARGIN * ctx.profile.iteration_ms
     for k in range(1, len(blocks.blocks)):
