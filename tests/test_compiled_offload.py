@@ -168,3 +168,29 @@ def test_a_cancelled_compiled_plan_stops_in_its_offload_search():
         with pytest.raises(Cancelled):
             plan_compiled(PlanContext(profile, offload=True), int(profile.peak_bytes * 0.7),
                           int(profile.peak_bytes * 0.6), times=times, cancel=cancel)
+
+
+def test_fifty_steps_of_regions_hold_no_more_host_buffers_than_the_first(monkeypatch):
+    """No copy outlives its step: after every step the runtime holds no copy and no call waiting for its fetch, and
+    the pool the first step filled serves the next 49 (no buffer made after the first step)."""
+    w, _ = workload()
+    ctx, plan, _ = region_plans(2)
+    runtimes, made = [], []
+    init, page_locked = apply_module.RegionOffload.__init__, apply_module.PageLocked
+    monkeypatch.setattr(apply_module.RegionOffload, "__init__",
+                        lambda self, *a: runtimes.append(self) or init(self, *a))
+    monkeypatch.setattr(apply_module, "PageLocked", lambda n, d: made.append(n) or page_locked(n, d))
+    torch._dynamo.reset()
+    model = torch.compile(apply_plan(copy.deepcopy(w.model), (ctx.profile, plan), {"backend": "aot_eager"}),
+                          backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    (runtime,) = runtimes
+    after_first = None
+    with pytest.warns(CpuOffloadWarning):
+        for step in range(50):
+            w.loss_fn(model, w.batch).backward()
+            opt.step()
+            opt.zero_grad()
+            assert not runtime.stored and not any(runtime.unfetched.values())
+            after_first = after_first if step else len(made)
+    assert made and len(made) == after_first
