@@ -397,8 +397,8 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     Only on one device: under FSDP2/DDP (a profile per rank) the blocks are compiled one by one already, inside
     the parallel wrapper's own hooks, and no run has tried offloading there.
 
-    ``measured``: a plan that fits by measurement (torchtitan's set, measured at compile+per-op's peak). A plan
-    that peaks at the same node with no more bytes fits too, though over ``budget`` (marked infeasible here): on a
+    ``measured``: a plan that fits by measurement (torchtitan's set at compile+per-op's measured peak, or
+    compile+per-block's set at its own). A plan that peaks at the same node with no more bytes fits too, though over ``budget`` (marked infeasible here): on a
     decoder every plan peaks in the AdamW step, which no activation decision moves, a planning headroom above
     the budget."""
     blocks = sac_blocks(ctx.sim)
