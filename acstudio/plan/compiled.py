@@ -398,9 +398,9 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     the parallel wrapper's own hooks, and no run has tried offloading there.
 
     ``measured``: a plan that fits by measurement (torchtitan's set at compile+per-op's measured peak, or
-    compile+per-block's set at its own). A plan that peaks at the same node with no more bytes fits too, though over ``budget`` (marked infeasible here): on a
-    decoder every plan peaks in the AdamW step, which no activation decision moves, a planning headroom above
-    the budget."""
+    compile+per-block's set at its own). A plan that peaks at the same node with no more bytes fits too, though
+    over ``budget`` (marked infeasible here): on a decoder every plan peaks in the AdamW step, which no activation
+    decision moves, a planning headroom above the budget."""
     blocks = sac_blocks(ctx.sim)
     if not ctx.may_offload or solver != DEFAULT_SOLVER or blocks.regional:  # one rank of FSDP2/DDP: not tried yet
         return found
