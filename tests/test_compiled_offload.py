@@ -222,3 +222,15 @@ def test_on_a_decoder_whose_peak_is_the_optimizer_steps_an_offloading_plan_fits_
     assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.offload_stall_ms == 0
     assert offloads.feasible and offloads.compiled_peak_bytes <= measured == offloads.budget_bytes
     assert offloads.compiled_extra_ms < recompute.compiled_extra_ms
+
+
+def test_the_bench_table_says_what_a_row_offloads():
+    """GPT-2 seq 512's compiled grid row (H100): its plan's bytes each way and whether the copies hide, next to
+    its peak and time."""
+    from acstudio.bench.results import BenchResults
+
+    table = BenchResults.load("results/grid/gpt2-s512.compiled.json").summary()
+    (row,) = [line for line in table.splitlines() if "sac+compile@" in line]
+    assert "3.80 GiB offloaded each way, copies hidden (predicted)" in row and "11878.6" in row
+    (peer,) = [line for line in table.splitlines() if "| compile+per-op |" in line]
+    assert "offloaded" not in peer

@@ -172,6 +172,8 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r["predicted_peak_mib"] = None if predicted is None else predicted / MiB
         r["peak_error_pct"] = _pct(peak, predicted) if peak is not None and predicted else None
         r["fits_budget"] = None if peak is None or budget is None else peak <= budget
+        r["offload_bytes"] = plan.get("offload_bytes") or None  # the plan's copies, each way
+        r["offload_stall_ms"] = plan.get("offload_stall_ms") if r["offload_bytes"] else None
         # a plan's predicted time is over the step it changes: plain compile's for a compiled plan (priced at
         # calibrated compiled replay times), the captured step's for a rewritten one
         predicted_ms, over = plan.get("compiled_extra_ms"), prediction_base(r)
@@ -264,6 +266,10 @@ class BenchResults:
             if r["overhead_ms"] is not None:
                 plan += (f"; {r['overhead_ms']:+.1f} ms vs {prediction_base(r)}, "
                          f"predicted {r['predicted_overhead_ms']:+.1f}")
+            if r.get("offload_bytes"):
+                stall = r["offload_stall_ms"] or 0.0
+                plan += (f"; {r['offload_bytes'] / 2**30:.2f} GiB offloaded each way, "
+                         f"{'copies hidden' if stall <= 0 else f'copies stall {stall:.1f} ms'} (predicted)")
             lines.append(f"| {r['batch_size']} | {r['config']} | ok | {peak} | {r['time_ms_median']:.1f} "
                          f"({r['time_ms_iqr']:.1f}) | {over} | {mem} | {plan} | {r['loss_parity'] or ''} |")
         rules = sorted({(r["loss_check"]["reference"], r["loss_check"]["rule"]) for r in compared
