@@ -322,6 +322,7 @@ def cmd_verify(args) -> int:
 def cmd_export(args) -> int:
     from acstudio.export.exporter import EXPORT_FOLDER, FORMATS, export
     from acstudio.export.sac import offload_refusal
+    from acstudio.simulate.sac import SAC_COMPILED_MODE
 
     formats = None if args.format is None else [f.strip() for f in args.format.split(",") if f.strip()]
     unknown = [f for f in formats or () if f not in FORMATS]
@@ -338,7 +339,10 @@ def cmd_export(args) -> int:
     names = {os.path.basename(p) for p in paths}
     if "step.py" in names:
         print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
-    if "sac_policy.json" in names:
+    if "sac_policy.json" in names and getattr(plan, "offloaded", None) and plan.replay_mode == SAC_COMPILED_MODE.name:
+        print(f"use it: model = torch.compile(acstudio.apply_plan(model, {args.out!r}, compile_options={{}}))  "
+              "# its first blocks compiled one by one (with compile_options), what they save offloaded")
+    elif "sac_policy.json" in names:
         print(f"or: model = acstudio.apply_plan(model, {args.out!r})  # torch's selective checkpointing")
     elif formats is None and getattr(plan, "offloaded", None) and offload_refusal():
         print(f"no sac_policy.json: {offload_refusal()}")
