@@ -404,6 +404,7 @@ class _Stored:
     device: torch.device
     fetched: torch.Tensor | None = None
     slots: int = 0  # saved tensors packed from it and not yet unpacked (RegionOffload)
+    address: int = 0  # the device storage's data pointer when it was copied (RegionOffload)
 
 
 class _OffloadCall:
@@ -601,6 +602,7 @@ class RegionOffload(SacOffload):
         known = self.stored.get(storage.data_ptr())
         if known is None or known[0]() is not storage:
             known = self.stored[storage.data_ptr()] = (weakref.ref(storage), self.to_host(t))
+            known[1].address = storage.data_ptr()
             call.copies.append(known[1])
         known[1].slots += 1
         return known[1]
@@ -620,7 +622,8 @@ class RegionOffload(SacOffload):
         """Give ``stored``'s host buffer back to the pool (its next copy in waits for this copy back)."""
         self.pool.setdefault(stored.nbytes, []).append(stored.host)
         stored.fetched = None
-        self.stored = {p: v for p, v in self.stored.items() if v[1] is not stored}
+        if self.stored.get(stored.address, (None, None))[1] is stored:  # not since replaced by a later storage
+            del self.stored[stored.address]
 
 
 def run_as_region(module: torch.nn.Module, block: str, offload: RegionOffload, compile_options: dict) -> None:

@@ -38,6 +38,7 @@ from acstudio.export.formats import ExportFormat, ExportJob, register_format
 from acstudio.fileio import read_document, write_document
 from acstudio.profile.model import Profile
 from acstudio.simulate.sac import OFFLOAD, SAC_COMPILED_MODE, SAVE, is_op, sac_blocks, simulate_sac
+from acstudio.simulate.simulator import Simulator
 
 POLICY_FILE = "sac_policy.json"
 POLICY_SCHEMA = "acstudio.sac_policy"
@@ -81,16 +82,17 @@ class SacPolicy:
         """The SAC form of ``recomputed``, offloading what it can of ``offloaded`` (activation ids): per op, or,
         for a plan made in the compiled mode (``replay_mode`` "sac-compiled"), what whole blocks save."""
         regions = replay_mode == SAC_COMPILED_MODE.name and bool(offloaded)
-        form = simulate_sac(profile, recomputed, () if regions else offloaded)
+        sim = Simulator(profile)
+        form = simulate_sac(sim, recomputed, () if regions else offloaded)
         by_id = profile.node_by_id
         blocks = {b: [OpDecision(by_id[i].target, by_id[i].module, how in (SAVE, OFFLOAD), i in form.state_updates,
                                  how == OFFLOAD, i in form.eager_only)
                       for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
         if regions:
-            result = SAC_COMPILED_MODE.simulate(form.simulator, recomputed, offloaded)
+            result = SAC_COMPILED_MODE.simulate(sim, recomputed, offloaded)
             return cls(profile.fingerprint, blocks, form.freed, result.peak_bytes, result.extra_ms,
                        containers(profile, blocks), result.offload.moved_bytes,
-                       fetched_by(form.simulator, result.offload))
+                       sac_blocks(sim).fetched_by(result.offload))
         moved = form.result.offload.moved_bytes if form.result.offload is not None else 0
         return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms,
                    containers(profile, blocks), moved)
@@ -103,9 +105,9 @@ class SacPolicy:
     @property
     def version(self) -> int:
         """The lowest file version that holds its decisions (see the module)."""
-        decisions = [d for ops in self.blocks.values() for d in ops]
         if self.regions:
             return 4
+        decisions = [d for ops in self.blocks.values() for d in ops]
         return 3 if any(d.eager_only and not d.offload for d in decisions) else 2 if self.offloads else 1
 
     def to_dict(self) -> dict:
@@ -153,18 +155,6 @@ def containers(profile: Profile, blocks) -> dict[str, list[str]]:
         children = {m[len(parent) + 1:].partition(".")[0] for m in ran if m.startswith(parent + ".")}
         out[parent] = sorted((c for c in children if c.isdigit()), key=int)
     return out
-
-
-def fetched_by(sim, copies) -> dict[str, str]:
-    """Per block whose saves ``copies`` (an :class:`~acstudio.simulate.offload.OffloadSchedule` of the compiled
-    mode) offload, the block at whose backward start they are fetched: the earliest fetch of its activations."""
-    blocks = sac_blocks(sim)
-    at_node = {n: b for b, n in blocks.replay_at.items()}
-    fetch: dict[str, int] = {}
-    for k, node in zip(copies.offloaded.tolist(), copies.prefetch.tolist()):
-        for b in blocks.holders(k):
-            fetch[b] = min(fetch.get(b, node), node)
-    return {b: at_node[node] for b, node in sorted(fetch.items(), key=lambda item: blocks.blocks.index(item[0]))}
 
 
 def _decision(d: OpDecision) -> str:

@@ -482,11 +482,15 @@ class SacBlocks:
                 if not freed[k] and rg.bytes[k] >= REGION_MIN_BYTES and rg.first_bw[k] < self.sim.n
                 and facts.offloadable[k] and copies.ready[k] >= 0 and set(self.holders(k)) <= regions]
 
-    def fetched_by(self, regions: Collection[str], prefetch: dict[str, int]) -> dict[str, str]:
-        """Per offloaded block, the block at whose backward start its copies come back: ``prefetch`` (a node per
-        block, a :class:`RegionCopies` start) named by the block that starts there."""
+    def fetched_by(self, copies: OffloadSchedule) -> dict[str, str]:
+        """Per block whose saves ``copies`` (the compiled mode's :meth:`ReplaySacCompiled.offload`) offload, in
+        forward order, the block at whose backward start they are fetched: the earliest fetch of its activations."""
         at_node = {n: b for b, n in self.replay_at.items()}
-        return {b: at_node[prefetch[b]] for b in regions if b in prefetch}
+        fetch: dict[str, int] = {}
+        for k, node in zip(copies.offloaded.tolist(), copies.prefetch.tolist()):
+            for b in self.holders(k):
+                fetch[b] = min(fetch.get(b, node), node)
+        return {b: at_node[fetch[b]] for b in self.blocks if b in fetch}
 
     def _moved_replay(self, replay: Replay, outputs: tuple[int, ...]) -> Replay:
         """``replay`` with ``outputs`` added, run at the first backward use of any of them if that comes first
@@ -621,7 +625,6 @@ class SacForm:
     result: SimResult
     state_updates: set[str] = dataclasses.field(default_factory=set)  # saved ops that update module state
     eager_only: set[str] = dataclasses.field(default_factory=set)  # saved ops that torch.compile recomputes
-    simulator: Simulator | None = dataclasses.field(default=None, repr=False)  # the one it was simulated on
 
 
 def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collection[str],
@@ -642,4 +645,4 @@ def simulate_sac(profile_or_simulator: Profile | Simulator, recomputed: Collecti
     state = {nodes[i].id for i, why in blocks.forced.items() if why == UPDATES_STATE}
     eager_only = {nodes[i].id for i, how in decision.items() if how != RECOMPUTE and compiled[i] == RECOMPUTE}
     return SacForm(decisions=decisions, freed=[sim.replay.act_ids[k] for k in np.flatnonzero(freed)], result=result,
-                   state_updates=state, eager_only=eager_only, simulator=sim)
+                   state_updates=state, eager_only=eager_only)
