@@ -5,6 +5,8 @@ the SAC policy's regions and run by apply_plan's RegionOffload, bitwise like the
 import copy
 import dataclasses
 import functools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import torch
 from test_sac import dropout_free_gpt2, train
 
 from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
-from acstudio.errors import Cancelled
+from acstudio.errors import Cancelled, ProfileFileError
 from acstudio.export import apply as apply_module
 from acstudio.export import sac
 from acstudio.export.apply import apply_plan
@@ -234,3 +236,14 @@ def test_the_bench_table_says_what_a_row_offloads():
     assert "3.80 GiB offloaded each way, copies hidden (predicted)" in row and "11878.6" in row
     (peer,) = [line for line in table.splitlines() if "| compile+per-op |" in line]
     assert "offloaded" not in peer
+
+
+@pytest.mark.usefixtures("small_regions")
+def test_a_policy_with_regions_of_the_wrong_shape_is_refused_in_one_line(tmp_path):
+    ctx, plan, _ = region_plans(2)
+    path = sac.SacPolicy.from_plan(ctx.profile, plan.recomputed, plan.offloaded, plan.replay_mode).save(tmp_path)
+    document = json.loads(Path(path).read_text())
+    document["regions"] = ["transformer.h.0"]
+    Path(path).write_text(json.dumps(document))
+    with pytest.raises(ProfileFileError, match=r"corrupt sac_policy: AttributeError: .* — export it again"):
+        sac.SacPolicy.load(tmp_path)

@@ -139,9 +139,15 @@ class SacPolicy:
         newest = None
         for version in VERSIONS:
             try:
-                return cls.from_dict(read_document(path, POLICY_SCHEMA, version))
+                document = read_document(path, POLICY_SCHEMA, version)
             except ProfileFileError as exc:
                 newest = newest or exc
+                continue
+            try:
+                return cls.from_dict(document)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field of the wrong shape
+                raise ProfileFileError(f"{path}: corrupt sac_policy: {type(exc).__name__}: {str(exc)[:80]} — export "
+                                       "it again") from exc
         raise newest
 
 
