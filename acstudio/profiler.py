@@ -114,6 +114,44 @@ class NodeTimer:
         return [self.starts[i].elapsed_time(self.ends[i]) if active[i] else 0.0 for i in range(self.n)]
 
 
+class DeviceTimer(NodeTimer):
+    """Per-node device time: each node's kernels timed by CUDA events while the device runs ahead of the host.
+
+    :class:`NodeTimer` records its start event on an idle device, so a node's time also holds the host's time to
+    launch it, where the compiled step hides that behind the device's work. Here a sleep kernel is queued before
+    each node's start event, longer than the host takes to issue the node (twice that node's node-by-node time,
+    at least ``MIN_SLEEP_MS``, at most ``MAX_SLEEP_MS``): the node's kernels are all queued before its start event
+    runs, and the events time only them."""
+
+    MIN_SLEEP_MS = 0.05
+    MAX_SLEEP_MS = 2.0
+
+    def __init__(self, dev: torch.device, n: int, node_ms: list[float]) -> None:
+        super().__init__(dev, n)
+        cycles_per_ms = sleep_cycles_per_ms(dev)
+        self.cycles = [int(cycles_per_ms * min(max(2 * t, self.MIN_SLEEP_MS), self.MAX_SLEEP_MS)) for t in node_ms]
+
+    def before(self, i: int) -> None:
+        torch.cuda._sleep(self.cycles[i])
+        self.starts[i].record()
+
+    def after(self, i: int) -> None:
+        self.ends[i].record()
+
+
+def sleep_cycles_per_ms(dev: torch.device) -> float:
+    """Clock cycles ``torch.cuda._sleep`` spins per millisecond on ``dev``, measured."""
+    with torch.cuda.device(dev):
+        cycles = 10_000_000
+        torch.cuda._sleep(cycles)  # first call: load the kernel
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / max(start.elapsed_time(end), 1e-3)
+
+
 def fetch_attr(module: torch.nn.Module, target: str):
     for name in target.split("."):
         module = getattr(module, name)
@@ -230,6 +268,26 @@ def profile_step(step: CapturedStep, flat: list, dev: torch.device, *, warmup: i
         lo, hi = index[act.last_fw_use], index[act.first_bw_use]
         act.inactive_time_ms = float(prefix[hi] - prefix[lo + 1]) if hi > lo + 1 else 0.0
     return analysis, {"warmup": warmup, "iterations": iterations}
+
+
+def device_times(step: CapturedStep, flat: list, dev: torch.device, analysis: GraphAnalysis, *,
+                 progress: ProgressFn | None = None, cancel: CancelToken | None = None) -> list[float] | None:
+    """Each node's device time (:class:`DeviceTimer`), one more node-by-node iteration; None off CUDA.
+
+    Beside ``run_time_ms`` it says how much of a node's node-by-node time is the host launching it, which the
+    compiled step hides where the device is the bottleneck."""
+    if dev.type != "cuda":
+        return None
+    nodes = list(step.gm.graph.nodes)
+    n = len(nodes)
+    timer = DeviceTimer(dev, n, [rec.run_time_ms for rec in analysis.nodes])
+
+    def on_node(i: int) -> None:
+        check(cancel)
+        report(progress, i, n, f"device time: node {i}/{n}")
+
+    run_node_by_node(step, flat, timer, on_node)
+    return timer.times_ms([node.op == "call_function" for node in nodes])
 
 
 def time_whole_step(step: CapturedStep, flat: list, dev: torch.device, repeats: int = 3
@@ -408,6 +466,8 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         stage = "measuring"
         analysis, iters = profile_step(step, flat, dev, warmup=warmup, iterations=iterations,
                                        progress=progress, cancel=cancel, on_memory=on_memory)
+        stage = "timing the device's work per node"
+        node_device_ms = device_times(step, flat, dev, analysis, progress=progress, cancel=cancel)
         stage = "timing the whole step"
         iteration_ms, step_peak, issue_ms = time_whole_step(step, flat, dev)
         graph = serialize_step(step)
@@ -441,4 +501,4 @@ def profile_workload(spec: WorkloadSpec, device: str = "cpu", *, warmup: int = 1
         peak_node=analysis.nodes[peak_index].id,
         peak_breakdown=peak_breakdown(analysis, peak_index, int(peaks[peak_index])),
         iteration_ms=float(iteration_ms), iterations=iters, host_link=link,
-        host_issue_ms=float(issue_ms) if dev.type == "cuda" else None)
+        host_issue_ms=float(issue_ms) if dev.type == "cuda" else None, node_device_ms=node_device_ms)

@@ -210,6 +210,21 @@ def test_table_and_inspector_follow_plan_selection_and_span(qtbot, session, load
     assert session.selected_activation == other.id
 
 
+def test_the_inspector_shows_a_nodes_device_time_where_the_profile_measured_it(qtbot, session, loaded):
+    from acstudio.gui.inspector import Inspector
+
+    inspector = Inspector(session)
+    qtbot.addWidget(inspector)
+    session.set_loaded(loaded)
+    node = max(loaded.profile.nodes, key=lambda n: n.run_time_ms)
+    session.select(node.id)
+    assert "run time" in inspector.toPlainText() and "device time" not in inspector.toPlainText()
+    times = [0.25 * n.run_time_ms for n in loaded.profile.nodes]
+    session.set_loaded(prepare(dataclasses.replace(loaded.profile, node_device_ms=times), "gpu.json.gz"))
+    session.select(node.id)
+    assert f"device time {0.25 * node.run_time_ms:.3f} ms" in " ".join(inspector.toPlainText().split())
+
+
 # -- offload: a third decision where the profile's device has a host link ------------------------------------
 
 def on_gpu(profile: Profile, link: HostLink | None) -> Profile:

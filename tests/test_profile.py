@@ -1,11 +1,12 @@
 """Profiler invariants, the Profile file format and the errors a user can run into."""
 
+import dataclasses
 import gzip
 import json
 
 import pytest
 import torch
-from conftest import tiny_spec
+from conftest import gpu, tiny_spec
 
 from acstudio.errors import Cancelled, DeviceError, ProfileFileError, UnknownModelError
 from acstudio.jobs import CancelToken
@@ -64,6 +65,35 @@ def test_profile_round_trip_and_tables(bert_profile, tmp_path):
     written = loaded.export_csv(tmp_path)
     assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["activations.csv", "nodes.csv"]
     assert (tmp_path / "nodes.csv").read_text().count("\n") == len(loaded.nodes) + 1
+
+
+def test_device_times_round_trip_one_per_node(bert_profile, tmp_path):
+    """A CPU profile has no device times (and writes none); a GPU profile's, one per node, come back as written,
+    and a file with another number of them is refused in one line."""
+    assert bert_profile.node_device_ms is None and "node_device_ms" not in bert_profile.to_dict()
+    times = [0.001 * i for i in range(len(bert_profile.nodes))]
+    measured = dataclasses.replace(bert_profile, node_device_ms=times)
+    measured.save(tmp_path / "gpu.json")
+    assert Profile.load(tmp_path / "gpu.json").node_device_ms == times
+    assert measured.nodes_df()["device_time_ms"].tolist() == times  # beside run_time_ms in nodes.csv
+    doc = json.loads((tmp_path / "gpu.json").read_text())
+    doc["node_device_ms"] = times[:-1]
+    (tmp_path / "short.json").write_text(json.dumps(doc))
+    with pytest.raises(ProfileFileError, match=f"{len(times) - 1} times for {len(times)} nodes") as err:
+        Profile.load(tmp_path / "short.json")
+    assert "\n" not in str(err.value)
+
+
+@gpu
+def test_device_times_leave_out_the_hosts_launch():
+    """Node by node on an idle device a node's events also time its launch; with the device kept ahead they time
+    its kernels alone: never more than the node-by-node time (beyond noise), and well below it in sum on a small
+    model, whose nodes are mostly launch."""
+    profile = profile_workload(tiny_spec("gpt2"), "cuda")
+    device, run = profile.node_device_ms, [n.run_time_ms for n in profile.nodes]
+    assert device is not None and len(device) == len(run)
+    assert all(d <= r + 0.05 for d, r in zip(device, run))
+    assert 0 < sum(device) < 0.7 * sum(run)
 
 
 def test_corrupt_and_wrong_version_files(bert_profile, tmp_path):

@@ -97,9 +97,12 @@ class Inspector(QTextBrowser):
         loaded = self.session.loaded
         n = loaded.profile.node_by_id[node_id]
         rows = [("op", n.target), ("module", n.module or "–"), ("region", n.region), ("shape", f"{n.shape} {n.dtype}"),
-                ("allocates", format_bytes(n.new_bytes)), ("run time", f"{n.run_time_ms:.3f} ms"),
-                ("memory after", format_bytes(n.mem_after)), ("memory peak", format_bytes(n.mem_peak)),
-                ("replay", n.replay)]
+                ("allocates", format_bytes(n.new_bytes)), ("run time", f"{n.run_time_ms:.3f} ms")]
+        device_ms = loaded.profile.node_device_ms
+        if device_ms is not None:  # the rest of the run time is the host launching the node
+            rows.append(("device time", f"{device_ms[loaded.profile.node_index[node_id]]:.3f} ms"))
+        rows += [("memory after", format_bytes(n.mem_after)), ("memory peak", format_bytes(n.mem_peak)),
+                 ("replay", n.replay)]
         state = self.session.state
         entries = {e.activation: e for e in state.plan.schedule} if state else {}
         for a in loaded.profile.activations:

@@ -189,6 +189,8 @@ class Profile:
     iterations: dict[str, int] = field(default_factory=dict)
     host_link: HostLink | None = None  # absent in files from before the link was measured
     host_issue_ms: float | None = None  # host time to issue the whole step (GPU only; absent in older files)
+    # per node, the device's own time, the host's launch excluded (GPU only; absent in older files)
+    node_device_ms: list[float] | None = None
 
     @property
     def link(self) -> HostLink:
@@ -263,6 +265,7 @@ class Profile:
             "iterations": self.iterations,
             **({"host_link": dataclasses.asdict(self.host_link)} if self.host_link is not None else {}),
             **({"host_issue_ms": self.host_issue_ms} if self.host_issue_ms is not None else {}),
+            **({"node_device_ms": self.node_device_ms} if self.node_device_ms is not None else {}),
             "fingerprint": self.fingerprint,  # lets loading prove the graph was not changed since
         }
 
@@ -299,6 +302,7 @@ class Profile:
             iterations=doc.iterations,
             host_link=HostLink(**doc.host_link.model_dump()) if doc.host_link is not None else None,
             host_issue_ms=doc.host_issue_ms,
+            node_device_ms=doc.node_device_ms,
         )
         if hashed:
             profile.__dict__["fingerprint"] = hashed[0]  # already computed to check it: keep it (cached_property)
@@ -314,6 +318,8 @@ class Profile:
 
         df = pd.DataFrame([dataclasses.asdict(n) for n in self.nodes])
         df["inputs"] = df["inputs"].map(" ".join)
+        if self.node_device_ms is not None:
+            df.insert(df.columns.get_loc("run_time_ms") + 1, "device_time_ms", self.node_device_ms)
         return df.set_index("id")
 
     def activations_df(self) -> pd.DataFrame:

@@ -164,6 +164,13 @@ class ProfileDoc(_Doc):
     fingerprint: Id = ""  # absent in files written before it was stored (then not checked)
     host_link: HostLinkDoc | None = None  # absent in files written before the link was measured
     host_issue_ms: Ms | None = None  # absent in files written before it was measured, and for a CPU device
+    node_device_ms: list[Ms] | None = None  # likewise
+
+    @model_validator(mode="after")
+    def _one_device_time_per_node(self) -> ProfileDoc:
+        if self.node_device_ms is not None and len(self.node_device_ms) != len(self.nodes):
+            raise ValueError(f"node_device_ms has {len(self.node_device_ms)} times for {len(self.nodes)} nodes")
+        return self
 
 
 class PlanDoc(_Doc):

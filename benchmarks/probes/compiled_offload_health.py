@@ -21,25 +21,22 @@ Needs one CUDA GPU (about 3 minutes on an H100, most of it compiling). Env: PROB
 PROBE_STEPS (default 50); PROBE_DEVICE=cpu PROBE_TINY=1 is a smoke run on a 2-layer GPT-2 without a GPU (aot_eager).
 """
 
+import copy
 import os
+import sys
+import time
 
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import numpy as np
+import torch
 
-import copy  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from acstudio.export import apply as apply_module  # noqa: E402
-from acstudio.plan.compiled import TIMED_MODE  # noqa: E402
-from acstudio.plan.schedule import PlanContext  # noqa: E402
-from acstudio.profiler import profile_workload  # noqa: E402
-from acstudio.simulate import sac as sac_module  # noqa: E402
-from acstudio.simulate.sac import sac_blocks  # noqa: E402
-from acstudio.workload import WorkloadSpec, build_workload  # noqa: E402
-from acstudio.workload.spec import make_optimizer  # noqa: E402
+from acstudio.export import apply as apply_module
+from acstudio.plan.compiled import TIMED_MODE
+from acstudio.plan.schedule import PlanContext
+from acstudio.profiler import profile_workload
+from acstudio.simulate import sac as sac_module
+from acstudio.simulate.sac import sac_blocks
+from acstudio.workload import WorkloadSpec, build_workload
+from acstudio.workload.spec import make_optimizer
 
 GiB, MiB = 2**30, 2**20
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -119,6 +116,7 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> str:
 
 def main() -> int:
     t0 = time.time()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any CUDA work
     torch.backends.cuda.enable_flash_sdp(False)
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     torch.backends.cuda.enable_cudnn_sdp(False)
