@@ -12,7 +12,7 @@ has made so far and the copies it still holds; then the spread of those from ste
 
 Bitwise: losses, gradients and parameters after 3 steps from the same start, offload against control, and control
 against control (whether the compiled step is deterministic at all here). SDPA runs its math kernel and
-``torch.use_deterministic_algorithms`` is on (warn only) (with ``CUBLAS_WORKSPACE_CONFIG``): the memory-efficient
+``torch.use_deterministic_algorithms`` is on (warn only, with ``CUBLAS_WORKSPACE_CONFIG``): the memory-efficient
 attention backward and Inductor's atomic scatter-adds differ run to run on the GPU (``offload_bitwise_control.py``).
 
 Run: cd <repo> && PYTHONPATH=. python3 benchmarks/probes/compiled_offload_health.py \
