@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from acstudio.fileio import read_document, write_document, write_text
 from acstudio.profile.vocabulary import CATEGORIES
 
@@ -225,6 +227,14 @@ class Profile:
         if total <= 0 or self.iteration_ms <= 0:
             return 1.0
         return min(1.0, self.iteration_ms / total)
+
+    @cached_property
+    def node_step_ms(self) -> np.ndarray:
+        """Each node's time inside the whole step, as replays, the timeline and copy overlap are priced: its
+        node-by-node time scaled by :attr:`time_scale`."""
+        times = np.array([n.run_time_ms for n in self.nodes], dtype=np.float64) * self.time_scale
+        times.flags.writeable = False  # shared by every simulator of this profile
+        return times
 
     @cached_property
     def node_index(self) -> dict[str, int]:

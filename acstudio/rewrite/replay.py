@@ -159,7 +159,8 @@ class InsertReplays:
                 activation=sid, bytes=act.bytes, module=facts.rec[facts.holders[sid][0]].module,
                 freed_after=act.last_fw_use, recompute_before=anchor.meta["ac_id"], replayed_by=owner,
                 replay_nodes=[n.meta["ac_id"] for n in order] if own else [],
-                replay_ms=sum(facts.rec[n].run_time_ms for n in order) * self.profile.time_scale if own else 0.0))
+                replay_ms=float(sum(self.profile.node_step_ms[self.profile.node_index[facts.rec[n].id]] for n in order))
+                if own else 0.0))
         return out
 
     def slice(self, owner: str, at: int, forced: set[str]) -> _Slice:

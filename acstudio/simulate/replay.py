@@ -90,8 +90,7 @@ class ReplayGraph:
         index = profile.node_index
         n = len(nodes)
         self.n_nodes = n
-        self.run_ms = (np.array([nd.run_time_ms for nd in nodes], dtype=np.float64) * profile.time_scale
-                       if node_ms is None else np.asarray(node_ms, dtype=np.float64))
+        self.run_ms = profile.node_step_ms if node_ms is None else np.asarray(node_ms, dtype=np.float64)
 
         acts = profile.activations
         self.act_ids = [a.id for a in acts]

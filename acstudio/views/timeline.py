@@ -35,8 +35,7 @@ class TimelineAxis:
         n = len(profile.nodes)
         start = next((i for i, node in enumerate(profile.nodes) if node.region != "input"), n)
         if mode == "time":
-            scale = profile.time_scale if profile.time_scale > 0 else 1.0
-            width = np.array([node.run_time_ms * scale for node in profile.nodes], dtype=float)
+            width = profile.node_step_ms.copy()
         elif mode == "order":
             width = np.ones(n)
         else:
