@@ -1,26 +1,32 @@
-"""Does the compiled offload form (blocks compiled one by one inside :class:`acstudio.export.apply.RegionOffload`'s
-hooks, the model compiled around them) stay healthy over many steps, and is it bitwise equal to the same step
-without the copies? Issue 26 asks both of every offload form; ``offload_health_50_steps.py`` answered them for the
-rewritten step.
+"""The compiled offload form (blocks compiled one by one inside :class:`acstudio.export.apply.RegionOffload`'s
+hooks, the model compiled around them) over many steps: does it stay healthy, is it bitwise equal to the same step
+without the copies, and what do the regions and the copies each cost? Issue 26 asks the first two of every offload
+form (``offload_health_50_steps.py`` answered them for the rewritten step); the grid's GPT-2 rows measured the form
+slower than predicted, more so at longer sequences (+1.8 ms at seq 512, +4.0 at 1024, +9.3 at 2048).
 
-A dropout-free GPT-2 small (bs8, seq 512, Adam, Inductor) is profiled here, and ``acstudio.apply_plan`` runs the
-plan that keeps every activation and offloads what the first ``PROBE_BLOCKS`` blocks save. The control is the same
-plan and the same compiled graphs with no copy made (the hooks keep every storage: ``REGION_MIN_BYTES`` raised
-above any), so the two differ only by the copies. Per step it prints the device peak (reset before each step), the
-memory allocated after it, the process RSS, torch's pinned host bytes, the step time, the host buffers the runtime
-has made so far and the copies it still holds; then the spread of those from step 2 on.
+GPT-2 small (Adam, Inductor) is profiled here and ``acstudio.apply_plan`` runs the plan that keeps every activation
+and offloads what the first ``PROBE_BLOCKS`` blocks save. Three models of that plan, each compiled once:
+  - whole:    the model compiled whole (the plan keeps everything: nothing to wrap), as ``compile`` runs;
+  - regions:  the same blocks compiled one by one inside the hooks, which copy nothing (``REGION_MIN_BYTES`` raised
+              above any storage): the graph breaks alone;
+  - offload:  the regions with their copies.
+Per step of the offload model (``PROBE_STEPS``): the device peak (reset before each step), the memory allocated
+after it, the process RSS, torch's pinned host bytes, the step time, the host buffers made so far and the copies
+still held; then their spread from step 2 on. Bitwise: losses, gradients and parameters after 3 steps from the
+same start, offload against regions and regions against regions (is the compiled step deterministic here at all).
 
-Bitwise: losses, gradients and parameters after 3 steps from the same start, offload against control, and control
-against control (whether the compiled step is deterministic at all here). SDPA runs its math kernel and
-``torch.use_deterministic_algorithms`` is on (warn only, with ``CUBLAS_WORKSPACE_CONFIG``): the memory-efficient
-attention backward and Inductor's atomic scatter-adds differ run to run on the GPU (``offload_bitwise_control.py``).
-
-Run: cd <repo> && PYTHONPATH=. python3 benchmarks/probes/compiled_offload_health.py \
-         > results/probes/compiled_offload_health.txt
-Needs one CUDA GPU (about 3 minutes on an H100, most of it compiling). Env: PROBE_BLOCKS (default 4),
-PROBE_STEPS (default 50); PROBE_DEVICE=cpu PROBE_TINY=1 is a smoke run on a 2-layer GPT-2 without a GPU (aot_eager).
+Run (the two runs of results/probes/compiled_offload_health_h100.txt):
+  cd <repo> && PYTHONPATH=. PROBE_DETERMINISTIC=1 python3 benchmarks/probes/compiled_offload_health.py
+  cd <repo> && PYTHONPATH=. PROBE_SEQ=2048 PROBE_BATCH=8 PROBE_DROPOUT=1 PROBE_STEPS=20 \
+      python3 benchmarks/probes/compiled_offload_health.py
+Needs one CUDA GPU (2-3 minutes a run on an H100, most of it compiling). Env: PROBE_SEQ (512), PROBE_BATCH (8),
+PROBE_BLOCKS (5), PROBE_STEPS (50); PROBE_DROPOUT=1 keeps GPT-2's dropout (else none); PROBE_DETERMINISTIC=1 runs
+SDPA's math kernel under ``torch.use_deterministic_algorithms`` (warn only): the memory-efficient attention
+backward and Inductor's atomic scatter-adds differ run to run (``offload_bitwise_control.py``).
+PROBE_DEVICE=cpu PROBE_TINY=1 is a smoke run on a 2-layer GPT-2 without a GPU (aot_eager).
 """
 
+import contextlib
 import copy
 import os
 import sys
@@ -40,8 +46,12 @@ from acstudio.workload.spec import make_optimizer
 
 GiB, MiB = 2**30, 2**20
 PAGE = os.sysconf("SC_PAGE_SIZE")
-BLOCKS = int(os.environ.get("PROBE_BLOCKS", "4"))
+SEQ = int(os.environ.get("PROBE_SEQ", "512"))
+BATCH = int(os.environ.get("PROBE_BATCH", "8"))
+BLOCKS = int(os.environ.get("PROBE_BLOCKS", "5"))
 STEPS = int(os.environ.get("PROBE_STEPS", "50"))
+DROPOUT = bool(os.environ.get("PROBE_DROPOUT"))
+DETERMINISTIC = bool(os.environ.get("PROBE_DETERMINISTIC"))
 DEVICE = os.environ.get("PROBE_DEVICE", "cuda")
 CUDA = DEVICE == "cuda"
 TINY = bool(os.environ.get("PROBE_TINY"))
@@ -50,33 +60,36 @@ TINY_CONFIG = (("n_layer", "2"), ("n_embd", "64"), ("n_head", "2"), ("vocab_size
 COMPILE = {"backend": "inductor" if CUDA else "aot_eager"}
 
 
-def sync() -> None:
-    if CUDA:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-
-
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE
 
 
 def pinned() -> int | None:
-    if not CUDA:
-        return None
-    return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+    return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)) if CUDA else None
 
 
-class Runtimes:
+@contextlib.contextmanager
+def copies(enabled: bool):
+    """The regions' hooks copy storages of ``REGION_MIN_BYTES`` or more (read when they run), or none."""
+    saved = apply_module.REGION_MIN_BYTES
+    apply_module.REGION_MIN_BYTES = sac_module.REGION_MIN_BYTES if enabled else 2**62
+    try:
+        yield
+    finally:
+        apply_module.REGION_MIN_BYTES = saved
+
+
+class Recorded:
     """Every RegionOffload apply_plan makes, and every host buffer they lock (to see the pool reused)."""
 
     def __init__(self) -> None:
-        self.made: list = []
+        self.runtimes: list = []
         self.buffers: list[int] = []
         init, page_locked = apply_module.RegionOffload.__init__, apply_module.PageLocked
 
         def recording_init(runtime, *args):
-            self.made.append(runtime)
+            self.runtimes.append(runtime)
             init(runtime, *args)
 
         def recording_buffer(nbytes, device):
@@ -87,25 +100,51 @@ class Runtimes:
         apply_module.PageLocked = recording_buffer
 
 
-def build(w, profile, plan, copies: bool, runtimes: Runtimes):
-    """The model compiled with ``plan``'s regions; without ``copies`` its hooks keep every storage on the device."""
-    apply_module.REGION_MIN_BYTES = sac_module.REGION_MIN_BYTES if copies else 2**62
-    model = apply_module.apply_plan(copy.deepcopy(w.model), (profile, plan), compile_options=COMPILE)
-    return torch.compile(model, **COMPILE), runtimes.made[-1]
+class Trainer:
+    """One compiled model of the plan, its optimizer, and the state both started from."""
 
+    def __init__(self, w, model: torch.nn.Module) -> None:
+        self.w = w
+        self.plain = model
+        self.model = torch.compile(model, **COMPILE)
+        self.start = copy.deepcopy(model.state_dict())
+        self.opt = make_optimizer(w.spec.optimizer, model.parameters())
 
-def train(model, w, steps: int) -> list[torch.Tensor]:
-    """``steps`` Adam steps from seed 0: losses, gradients of the last step, parameters."""
-    opt = make_optimizer(w.spec.optimizer, model.parameters())
-    torch.manual_seed(0)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = w.loss_fn(model, w.batch)
+    def restart(self) -> None:
+        self.plain.load_state_dict(self.start)  # in place: the compiled graphs keep the same parameters
+        self.opt = make_optimizer(self.w.spec.optimizer, self.model.parameters())
+        torch.manual_seed(0)
+
+    def step(self) -> tuple[float, torch.Tensor]:
+        """One step: (milliseconds, loss)."""
+        if CUDA:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        self.opt.zero_grad()
+        loss = self.w.loss_fn(self.model, self.w.batch)
         loss.backward()
-        losses.append(loss.detach().clone())
-        opt.step()
-    return [*losses, *(p.grad.clone() for p in model.parameters()), *(p.detach().clone() for p in model.parameters())]
+        self.opt.step()
+        if CUDA:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3, loss.detach()
+
+    def three_steps(self) -> list[torch.Tensor]:
+        """Losses, last gradients and parameters after 3 steps from the start."""
+        self.restart()
+        losses = [self.step()[1] for _ in range(3)]
+        params = list(self.model.parameters())
+        return [*losses, *(p.grad.clone() for p in params), *(p.detach().clone() for p in params)]
+
+    def timed(self, steps: int) -> tuple[float, float, int]:
+        """(median ms from step 2 on, IQR, the highest device peak) of ``steps`` steps from the start."""
+        self.restart()
+        times, peak = [], 0
+        for _ in range(steps):
+            times.append(self.step()[0])
+            peak = max(peak, torch.cuda.max_memory_allocated() if CUDA else 0)
+        q1, med, q3 = np.percentile(times[2:], [25, 50, 75])
+        return float(med), float(q3 - q1), peak
 
 
 def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> str:
@@ -114,88 +153,79 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> str:
     return "bitwise equal" if not unequal else f"{unequal} of {len(a)} tensors differ (max abs {worst:.3g})"
 
 
+def health(trainer: Trainer, recorded: Recorded) -> None:
+    runtime = recorded.runtimes[-1]
+    trainer.restart()
+    rows = []
+    print(" step   peak_GiB  alloc_GiB   rss_MiB     pinned_MiB     ms  buffers  held_copies", flush=True)
+    for i in range(STEPS):
+        ms, _ = trainer.step()
+        peak, alloc = (torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()) if CUDA else (0, 0)
+        r, p = rss(), pinned()
+        rows.append((peak, alloc, r, ms, len(recorded.buffers), len(runtime.stored)))
+        if i < 5 or i % 5 == 4:
+            print(f"{i:5d} {peak / GiB:10.4f} {alloc / GiB:10.4f} {r / MiB:9.1f} "
+                  f"{'-' if p is None else f'{p / MiB:.1f}':>14} {ms:6.1f} {len(recorded.buffers):8d} "
+                  f"{len(runtime.stored):12d}", flush=True)
+    peaks, allocs, rsss, _, made, held = (np.array(c) for c in zip(*rows))
+    print(f"from step 2: peak spread {int(peaks[2:].max() - peaks[2:].min())} B, allocated-after spread "
+          f"{int(allocs[2:].max() - allocs[2:].min())} B, RSS {rsss[2] / MiB:.1f} -> {rsss[-1] / MiB:.1f} MiB "
+          f"(growth {(rsss[-1] - rsss[2]) / MiB:.1f}), host buffers made after step 1: {int(made[-1] - made[0])}, "
+          f"copies held after a step: max {int(held.max())}", flush=True)
+
+
 def main() -> int:
     t0 = time.time()
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any CUDA work
-    torch.backends.cuda.enable_flash_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns
-    print(f"torch {torch.__version__} device {torch.cuda.get_device_name() if CUDA else DEVICE}", flush=True)
+    if DETERMINISTIC:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before CUDA work
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns
+    print(f"torch {torch.__version__} device {torch.cuda.get_device_name() if CUDA else DEVICE}; seq {SEQ} batch "
+          f"{BATCH} dropout {DROPOUT} deterministic {DETERMINISTIC}", flush=True)
+    config = () if DROPOUT else DROPOUT_FREE
     if TINY:
-        spec = WorkloadSpec("gpt2", batch_size=4, seq_len=64, optimizer="adam", config=(*TINY_CONFIG, *DROPOUT_FREE))
-        sac_module.REGION_MIN_BYTES = apply_module.REGION_MIN_BYTES = 4096
+        spec = WorkloadSpec("gpt2", batch_size=2, seq_len=64, optimizer="adam", config=(*TINY_CONFIG, *config))
+        sac_module.REGION_MIN_BYTES = 4096
     else:
-        spec = WorkloadSpec("gpt2", batch_size=8, seq_len=512, optimizer="adam", config=DROPOUT_FREE)
+        spec = WorkloadSpec("gpt2", batch_size=BATCH, seq_len=SEQ, optimizer="adam",
+                            config=(*config, ("n_positions", str(max(SEQ, 1024)))))
     profile = profile_workload(spec, DEVICE)
     ctx = PlanContext(profile)
     blocks = sac_blocks(ctx.sim)
     held = blocks.region_held([], blocks.blocks[:BLOCKS])
     plan = ctx.plan_for_set("mutwo", profile.peak_bytes, [], mode=TIMED_MODE, offloaded=held)
     print(f"profiled in {time.time() - t0:.0f}s: peak {profile.peak_bytes / GiB:.3f} GiB; plan: keep everything, "
-          f"offload what blocks {blocks.blocks[:BLOCKS]} save: {len(plan.offloaded)} activations, "
-          f"{plan.offload_bytes / GiB:.3f} GiB each way, hidden {plan.copies_hidden}", flush=True)
+          f"offload what the first {min(BLOCKS, len(blocks.blocks))} blocks save: {len(plan.offloaded)} activations, "
+          f"{plan.offload_bytes / GiB:.3f} GiB each way, predicted stall {plan.offload_stall_ms:.2f} ms", flush=True)
 
     w = build_workload(spec).to(torch.device(DEVICE))
-    runtimes = Runtimes()
-    model, runtime = build(w, profile, plan, True, runtimes)
-    opt = make_optimizer(spec.optimizer, model.parameters())
-    rows = []
-    print(" step   peak_GiB  alloc_GiB   rss_MiB     pinned_MiB     ms  buffers  held_copies", flush=True)
-    for i in range(STEPS):
-        sync()
-        t = time.perf_counter()
-        opt.zero_grad()
-        loss = w.loss_fn(model, w.batch)
-        loss.backward()
-        opt.step()
-        if CUDA:
-            torch.cuda.synchronize()
-        ms = (time.perf_counter() - t) * 1e3
-        peak, alloc = (torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()) if CUDA else (0, 0)
-        r, p = rss(), pinned()
-        rows.append((peak, alloc, r, ms, len(runtimes.buffers), len(runtime.stored)))
-        if i < 5 or i % 5 == 4:
-            print(f"{i:5d} {peak / GiB:10.4f} {alloc / GiB:10.4f} {r / MiB:9.1f} "
-                  f"{'-' if p is None else f'{p / MiB:.1f}':>14} {ms:6.1f} {len(runtimes.buffers):8d} "
-                  f"{len(runtime.stored):12d}", flush=True)
-    peaks, allocs, rsss, times, made, held_copies = (np.array(c) for c in zip(*rows))
-    print(f"from step 2: peak spread {int(peaks[2:].max() - peaks[2:].min())} B, allocated-after spread "
-          f"{int(allocs[2:].max() - allocs[2:].min())} B, RSS {rsss[2] / MiB:.1f} -> {rsss[-1] / MiB:.1f} MiB "
-          f"(growth {(rsss[-1] - rsss[2]) / MiB:.1f}), host buffers made after step 1: {int(made[-1] - made[0])}, "
-          f"copies held after a step: max {int(held_copies.max())}; step ms median {np.median(times[2:]):.1f} "
-          f"(min {times[2:].min():.1f} max {times[2:].max():.1f})", flush=True)
-    del model, opt, runtime
-    torch._dynamo.reset()
+    recorded = Recorded()
+    results, timings = {}, {}
+    with copies(True):
+        offload = Trainer(w, apply_module.apply_plan(copy.deepcopy(w.model), (profile, plan), COMPILE))
+        results["offload"] = offload.three_steps()
+        health(offload, recorded)
+        timings["offload"] = offload.timed(12)
+    del offload
+    with copies(False):
+        regions = Trainer(w, apply_module.apply_plan(copy.deepcopy(w.model), (profile, plan), COMPILE))
+        results["regions"] = regions.three_steps()
+        results["regions again"] = regions.three_steps()
+        timings["regions"] = regions.timed(12)
+    del regions
+    timings["whole"] = Trainer(w, copy.deepcopy(w.model)).timed(12)
 
-    control, _ = build(w, profile, plan, False, runtimes)
-    opt = make_optimizer(spec.optimizer, control.parameters())
-    control_peaks, control_times = [], []
-    for _ in range(10):
-        sync()
-        t = time.perf_counter()
-        opt.zero_grad()
-        w.loss_fn(control, w.batch).backward()
-        opt.step()
-        if CUDA:
-            torch.cuda.synchronize()
-        control_times.append((time.perf_counter() - t) * 1e3)
-        control_peaks.append(torch.cuda.max_memory_allocated() if CUDA else 0)
-    saved = max(control_peaks[2:]) - peaks[2:].max()
-    print(f"control (same graphs, no copies): peak {max(control_peaks[2:]) / GiB:.4f} GiB, step ms median "
-          f"{np.median(control_times[2:]):.1f}; the copies save {saved / GiB:.4f} GiB of peak "
-          f"(planned {plan.offload_bytes / GiB:.4f} off the device)", flush=True)
-    del control, opt
-    torch._dynamo.reset()
-
-    results = {}
-    for name, copies in (("offload", True), ("control", False), ("control again", False)):
-        model, _ = build(w, profile, plan, copies, runtimes)
-        results[name] = train(model, w, 3)
-        del model
-        torch._dynamo.reset()
-    print(f"3 steps from the same start: offload against control: {same(results['offload'], results['control'])}; "
-          f"control against control: {same(results['control again'], results['control'])}", flush=True)
+    whole = timings["whole"][0]
+    for name in ("whole", "regions", "offload"):
+        ms, iqr, peak = timings[name]
+        print(f"{name:8s} step {ms:7.1f} ms (IQR {iqr:.1f}), {ms - whole:+6.1f} ms over whole, peak "
+              f"{peak / GiB:.3f} GiB", flush=True)
+    print(f"the copies take {(timings['regions'][2] - timings['offload'][2]) / GiB:.3f} GiB off the peak "
+          f"(planned {plan.offload_bytes / GiB:.3f} off the device)", flush=True)
+    print(f"3 steps from the same start: offload against regions: {same(results['offload'], results['regions'])}; "
+          f"regions against regions: {same(results['regions again'], results['regions'])}", flush=True)
     print(f"total {time.time() - t0:.0f}s", flush=True)
     return 0
 
