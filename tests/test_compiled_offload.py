@@ -247,3 +247,31 @@ def test_a_policy_with_regions_of_the_wrong_shape_is_refused_in_one_line(tmp_pat
     Path(path).write_text(json.dumps(document))
     with pytest.raises(ProfileFileError, match=r"corrupt sac_policy: AttributeError: .* — export it again"):
         sac.SacPolicy.load(tmp_path)
+
+
+@pytest.mark.usefixtures("small_regions")
+@pytest.mark.parametrize("link_gb_s", [0.1, 0.056, 0.0018])
+def test_a_copy_back_waiting_for_its_copy_out_is_fetched_at_the_backward_start_before_it(link_gb_s):
+    """On a slow link the copies out of the offloaded blocks end inside the backward: the simulated copy back
+    waits for its copy out, after the backward start that issues it, and the policy fetches each region at the
+    last backward start before its copies come back (the runtime's copy waiting on the copy out's event), not at
+    a node where no region starts (an H100 probe's plan failed so). Node times are fixed so the link rates that
+    make it happen stay put."""
+    _, profile = workload()
+    nodes = [dataclasses.replace(n, run_time_ms=0.01) for n in profile.nodes]
+    link = HostLink(d2h_gb_s=link_gb_s, h2d_gb_s=link_gb_s, duplex_gb_s=link_gb_s, copy_latency_us=0.0,
+                    offload_issue_us=0.0)
+    slow = dataclasses.replace(profile, nodes=nodes, iteration_ms=0.01 * len(nodes), host_link=link)
+    ctx = PlanContext(slow)
+    blocks = sac_blocks(ctx.sim)
+    held = blocks.region_held([], blocks.blocks[:3])
+    plan = ctx.plan_for_set("mutwo", slow.peak_bytes, [], mode=TIMED_MODE, offloaded=held)
+    mode = get_mode(TIMED_MODE)
+    copies = mode.offload(ctx.sim, mode.schedule(ctx.sim, []), held)
+    assert not set(copies.prefetch.tolist()) <= set(blocks.replay_at.values())  # some wait past a start
+    policy = sac.SacPolicy.from_plan(slow, plan.recomputed, plan.offloaded, plan.replay_mode)
+    assert list(policy.regions) == blocks.blocks[:3]
+    for block, at in policy.regions.items():
+        back = [p for k, p in zip(copies.offloaded.tolist(), copies.prefetch.tolist()) if block in blocks.holders(k)]
+        later = [n for n in blocks.replay_at.values() if blocks.replay_at[at] < n <= min(back)]
+        assert blocks.replay_at[at] <= min(back) and not later  # the last backward start before its copies back

@@ -44,6 +44,7 @@ until the block's backward has run (BERT's attention mask).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -484,13 +485,17 @@ class SacBlocks:
 
     def fetched_by(self, copies: OffloadSchedule) -> dict[str, str]:
         """Per block whose saves ``copies`` (the compiled mode's :meth:`ReplaySacCompiled.offload`) offload, in
-        forward order, the block at whose backward start they are fetched: the earliest fetch of its activations."""
+        forward order, the block at whose backward start they are fetched: the last backward start at or before
+        the earliest copy back of its activations. (A copy back waits for its copy out, so where that ends inside
+        the backward the simulated copy back starts after the backward start that issues it.)"""
         at_node = {n: b for b, n in self.replay_at.items()}
+        starts = sorted(at_node)
         fetch: dict[str, int] = {}
         for k, node in zip(copies.offloaded.tolist(), copies.prefetch.tolist()):
             for b in self.holders(k):
                 fetch[b] = min(fetch.get(b, node), node)
-        return {b: at_node[fetch[b]] for b in self.blocks if b in fetch}
+        return {b: at_node[starts[max(bisect.bisect_right(starts, fetch[b]) - 1, 0)]]
+                for b in self.blocks if b in fetch}
 
     def _moved_replay(self, replay: Replay, outputs: tuple[int, ...]) -> Replay:
         """``replay`` with ``outputs`` added, run at the first backward use of any of them if that comes first
