@@ -126,37 +126,76 @@ def test_regions_train_bitwise_like_eager_with_one_graph_each(monkeypatch):
 
 
 @pytest.mark.usefixtures("small_regions")
-def test_the_compiled_planner_offloads_blocks_where_that_is_faster():
+def test_the_compiled_planner_offloads_blocks_where_that_is_faster_by_its_margin():
     """Below compile+per-op's peak, recomputing costs replays; on this link offloading the first blocks' saves
-    costs nothing: the planner picks blocks to offload, and the plan fits the budget it was given."""
+    costs nothing. Where replays are dear (compile+per-block five times compile's step) the planner picks blocks to
+    offload and the plan fits the budget it was given; where they are cheap (1.3 times) offload's gain is within
+    what such plans were measured to miss by (``OFFLOAD_MARGIN``), and the plan recomputes only."""
     _, profile = workload()
-
-    times = CompiledTimes(profile.iteration_ms, profile.iteration_ms * 1.3, profile.iteration_ms * 1.1)
-    measured = int(profile.peak_bytes * 0.6)
-    budget = int(profile.peak_bytes * 0.7)
-    recompute_only = plan_compiled(PlanContext(profile), budget, measured, times=times)
-    offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, cancel=CancelToken())
+    measured, budget = int(profile.peak_bytes * 0.6), int(profile.peak_bytes * 0.7)
+    plans = {}
+    for per_block in (5.0, 1.3):
+        times = CompiledTimes(profile.iteration_ms, profile.iteration_ms * per_block,
+                              profile.iteration_ms * (1 + (per_block - 1) / 3))
+        plans[per_block] = (plan_compiled(PlanContext(profile), budget, measured, times=times),
+                            plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
+                                          cancel=CancelToken()))
+    recompute_only, offloads = plans[5.0]
     assert recompute_only.replay_mode == "sac" and not recompute_only.offloaded
     assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.feasible
     assert offloads.compiled_peak_bytes <= budget
-    assert offloads.compiled_extra_ms < recompute_only.compiled_extra_ms
+    gain = recompute_only.compiled_extra_ms - offloads.compiled_extra_ms
+    assert gain > acstudio_compiled.OFFLOAD_MARGIN * profile.iteration_ms
+    cheap, kept = plans[1.3]
+    assert not kept.offloaded and kept.compiled_extra_ms == cheap.compiled_extra_ms > 0
 
 
-def test_at_compile_per_blocks_peak_a_decoder_offloads_instead_of_recomputing_every_block():
+def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monkeypatch):
     """The 168M decoder's sample (H200 profile) at compile+per-block's measured peak: recompute alone can only run
-    per-block's own set; with offload the first blocks' saves go to the host and fewer blocks replay. The plan fits
-    its budget with the copies hidden."""
+    per-block's own set; offloading the first blocks' saves instead fits with the copies hidden and is predicted
+    2.1% of the step faster, which is inside what compiled offload plans were measured to miss by (2.0% on GPT-2
+    seq 2048): the planner recomputes. Were the margin nothing, it would offload."""
     profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
     times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # tests/test_plan_compiled.py's H200 run
     budget = with_headroom(measured, COMPILED_HEADROOM)
     recompute = plan_compiled(PlanContext(profile), budget, measured, times=times, measured_budget=measured)
+    kept = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, measured_budget=measured)
+    assert recompute.replay_mode == kept.replay_mode == "sac" and not kept.offloaded
+    margin_ms = acstudio_compiled.OFFLOAD_MARGIN * profile.iteration_ms
+    monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", 0.0)
     offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
                              measured_budget=measured)
-    assert recompute.replay_mode == "sac" and offloads.replay_mode == TIMED_MODE
-    assert offloads.offloaded and offloads.offload_stall_ms == 0 and offloads.compiled_peak_bytes <= budget
-    assert offloads.compiled_extra_ms < recompute.compiled_extra_ms
+    assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.offload_stall_ms == 0
+    assert offloads.compiled_peak_bytes <= budget
+    gain = recompute.compiled_extra_ms - offloads.compiled_extra_ms
+    assert 0 < gain <= margin_ms
     policy = sac.SacPolicy.from_plan(profile, offloads.recomputed, offloads.offloaded, offloads.replay_mode)
     assert policy.regions and policy.offload_bytes == offloads.offload_bytes
+
+
+def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_measurement(monkeypatch):
+    """The 953M decoder at seq 512 (grid, H100): compile+per-block and compile+per-op both peak in the AdamW step,
+    which no activation decision moves, so under the bench's 0.5% headroom no plan fits; one that peaks there with
+    no more bytes than compile+per-block's measured set fits by measurement. Planned from that run as the bench
+    planned it, no offloading plan is faster than recompute alone there (the forward has room at that peak; the
+    run measured the recompute-only plan at 0.998 of compile+per-op's step), so the plan recomputes only and fits by
+    measurement; taken at any price, the offloading plan fits by measurement too."""
+    from acstudio.bench.results import BenchResults
+
+    rows = {r["config"]: r for r in BenchResults.load("results/grid/decoder1b-s512.compiled.json").rows}
+    profile = Profile.load("results/grid/profiles/decoder1b-s512.compiled.json.gz")
+    times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")))
+    measured = int(rows["compile+per-block"]["peak_bytes"])
+    assert int(rows["compile+per-op"]["peak_bytes"]) == measured  # bench passes no second peak then
+    budget = with_headroom(measured, COMPILED_HEADROOM)
+    plan = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, measured_budget=measured)
+    assert not plan.offloaded and plan.feasible and plan.compiled_peak_bytes <= measured == plan.budget_bytes
+    assert plan.compiled_extra_ms == rows["sac+compile@compile+per-op"]["details"]["plan"]["compiled_extra_ms"]
+    monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", -1.0)  # take any offloading plan that fits
+    forced = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
+                           measured_budget=measured)
+    assert forced.replay_mode == TIMED_MODE and forced.offloaded and forced.offload_stall_ms == 0
+    assert forced.feasible and forced.compiled_peak_bytes <= measured == forced.budget_bytes
 
 
 @pytest.mark.usefixtures("small_regions")
@@ -202,28 +241,6 @@ def test_fifty_steps_of_regions_hold_no_more_host_buffers_than_the_first(monkeyp
             assert not runtime.stored and not any(runtime.unfetched.values())
             after_first = after_first if step else len(made)
     assert made and len(made) == after_first
-
-
-def test_on_a_decoder_whose_peak_is_the_optimizer_steps_an_offloading_plan_fits_by_measurement():
-    """The 953M decoder at seq 512 (grid, H100): compile+per-block and compile+per-op both peak in the AdamW step,
-    which no activation decision moves, so under the bench's 0.5% headroom no plan fits; one that peaks there with
-    no more bytes than compile+per-block's measured set fits by measurement. Planned from that run as the bench plans
-    it, the first blocks offload and the plan is predicted faster than recompute alone (the run itself, on the
-    planner before this rule, could only recompute: results/grid/decoder1b-s512.compiled.json)."""
-    from acstudio.bench.results import BenchResults
-
-    rows = {r["config"]: r for r in BenchResults.load("results/grid/decoder1b-s512.compiled.json").rows}
-    profile = Profile.load("results/grid/profiles/decoder1b-s512.compiled.json.gz")
-    times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")))
-    measured = int(rows["compile+per-block"]["peak_bytes"])
-    assert int(rows["compile+per-op"]["peak_bytes"]) == measured  # bench passes no second peak then
-    budget = with_headroom(measured, COMPILED_HEADROOM)
-    recompute = plan_compiled(PlanContext(profile), budget, measured, times=times, measured_budget=measured)
-    offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
-                             measured_budget=measured)
-    assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.offload_stall_ms == 0
-    assert offloads.feasible and offloads.compiled_peak_bytes <= measured == offloads.budget_bytes
-    assert offloads.compiled_extra_ms < recompute.compiled_extra_ms
 
 
 def test_the_bench_table_says_what_a_row_offloads():

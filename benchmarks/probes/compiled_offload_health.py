@@ -15,7 +15,14 @@ after it, the process RSS, torch's pinned host bytes, the step time, the host bu
 still held; then their spread from step 2 on. Bitwise: losses, gradients and parameters after 3 steps from the
 same start, offload against regions and regions against regions (is the compiled step deterministic here at all).
 
-Run (the two runs of results/probes/compiled_offload_health_h100.txt):
+With ``PROBE_PLAN`` (a plan file) and ``PROBE_PROFILE`` (the profile it was made from) it runs that plan instead,
+on the profile's workload: ``whole`` is then the plan's recompute set compiled whole, without the regions (the
+grid's GPT-2 seq 2048 plan of 2026-11-28: ``results/probes/gpt2-s2048.compiled.plan.json``, made from that run's
+profile, ``gpt2-s2048.compiled.profile.json.gz`` beside it, and calibration rows by
+``acstudio.plan.compiled.plan_compiled`` as the bench made it).
+
+Run (results/probes/compiled_offload_health_s512_keyerror_h100.txt and compiled_offload_health_s2048_h100.txt; the
+first stopped on a bug since fixed):
   cd <repo> && PYTHONPATH=. PROBE_DETERMINISTIC=1 python3 benchmarks/probes/compiled_offload_health.py
   cd <repo> && PYTHONPATH=. PROBE_SEQ=2048 PROBE_BATCH=8 PROBE_DROPOUT=1 PROBE_STEPS=20 \
       python3 benchmarks/probes/compiled_offload_health.py
@@ -28,6 +35,7 @@ PROBE_DEVICE=cpu PROBE_TINY=1 is a smoke run on a 2-layer GPT-2 without a GPU (a
 
 import contextlib
 import copy
+import dataclasses
 import os
 import sys
 import time
@@ -37,7 +45,9 @@ import torch
 
 from acstudio.export import apply as apply_module
 from acstudio.plan.compiled import TIMED_MODE
+from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
+from acstudio.profile.model import Profile
 from acstudio.profiler import profile_workload
 from acstudio.simulate import sac as sac_module
 from acstudio.simulate.sac import sac_blocks
@@ -186,19 +196,27 @@ def main() -> int:
           f"{BATCH} dropout {DROPOUT} deterministic {DETERMINISTIC}", flush=True)
     config = () if DROPOUT else DROPOUT_FREE
     if TINY:
-        spec = WorkloadSpec("gpt2", batch_size=2, seq_len=64, optimizer="adam", config=(*TINY_CONFIG, *config))
         sac_module.REGION_MIN_BYTES = 4096
+    if os.environ.get("PROBE_PLAN"):
+        profile, plan = Profile.load(os.environ["PROBE_PROFILE"]), Plan.load(os.environ["PROBE_PLAN"])
+        spec = WorkloadSpec.from_dict(profile.workload)
+        print(f"plan {os.environ['PROBE_PLAN']}: {len(plan.recomputed)} activations recomputed, "
+              f"{len(plan.offloaded)} offloaded ({plan.offload_bytes / GiB:.3f} GiB each way)", flush=True)
     else:
-        spec = WorkloadSpec("gpt2", batch_size=BATCH, seq_len=SEQ, optimizer="adam",
-                            config=(*config, ("n_positions", str(max(SEQ, 1024)))))
-    profile = profile_workload(spec, DEVICE)
-    ctx = PlanContext(profile)
-    blocks = sac_blocks(ctx.sim)
-    held = blocks.region_held([], blocks.blocks[:BLOCKS])
-    plan = ctx.plan_for_set("mutwo", profile.peak_bytes, [], mode=TIMED_MODE, offloaded=held)
-    print(f"profiled in {time.time() - t0:.0f}s: peak {profile.peak_bytes / GiB:.3f} GiB; plan: keep everything, "
-          f"offload what the first {min(BLOCKS, len(blocks.blocks))} blocks save: {len(plan.offloaded)} activations, "
-          f"{plan.offload_bytes / GiB:.3f} GiB each way, predicted stall {plan.offload_stall_ms:.2f} ms", flush=True)
+        if TINY:
+            spec = WorkloadSpec("gpt2", batch_size=2, seq_len=64, optimizer="adam", config=(*TINY_CONFIG, *config))
+        else:
+            spec = WorkloadSpec("gpt2", batch_size=BATCH, seq_len=SEQ, optimizer="adam",
+                                config=(*config, ("n_positions", str(max(SEQ, 1024)))))
+        profile = profile_workload(spec, DEVICE)
+        ctx = PlanContext(profile)
+        blocks = sac_blocks(ctx.sim)
+        held = blocks.region_held([], blocks.blocks[:BLOCKS])
+        plan = ctx.plan_for_set("mutwo", profile.peak_bytes, [], mode=TIMED_MODE, offloaded=held)
+        print(f"profiled in {time.time() - t0:.0f}s: peak {profile.peak_bytes / GiB:.3f} GiB; plan: keep everything, "
+              f"offload what the first {min(BLOCKS, len(blocks.blocks))} blocks save: {len(plan.offloaded)} "
+              f"activations, {plan.offload_bytes / GiB:.3f} GiB each way, predicted stall "
+              f"{plan.offload_stall_ms:.2f} ms", flush=True)
 
     w = build_workload(spec).to(torch.device(DEVICE))
     recorded = Recorded()
@@ -215,7 +233,9 @@ def main() -> int:
         results["regions again"] = regions.three_steps()
         timings["regions"] = regions.timed(12)
     del regions
-    timings["whole"] = Trainer(w, copy.deepcopy(w.model)).timed(12)
+    # the plan's recompute set compiled whole (keeping everything: the model as compile runs it)
+    whole = apply_module.apply_plan(copy.deepcopy(w.model), (profile, dataclasses.replace(plan, offloaded=[])))
+    timings["whole"] = Trainer(w, whole).timed(12)
 
     whole = timings["whole"][0]
     for name in ("whole", "regions", "offload"):

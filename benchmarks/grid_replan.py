@@ -1,0 +1,50 @@
+"""Which of the grid's compiled rows does today's planner still make? For each shape's compiled part, the plan is
+made again from the run's profile and calibration rows as ``acstudio bench`` made it
+(``acstudio.bench.steps.export_sac_plan``: ``plan_compiled`` at compile+per-op's measured peak less the compiled
+headroom, on one device, so it may offload), and set against the plan the run measured: the same compiled extra
+time and offloaded bytes, or not. A row whose plan differs is out of date: rerun its shape
+(``benchmarks/grid.sh SHAPE OUT compiled``) before quoting it as today's.
+
+Usage: PYTHONPATH=. python3 benchmarks/grid_replan.py [SHAPE ...]   (default: every shape in results/grid)
+Runs on a CPU, about a minute a shape.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
+from acstudio.plan.compiled import CompiledTimes, plan_compiled
+from acstudio.plan.schedule import PlanContext
+from acstudio.profile.model import Profile
+
+GRID = Path("results/grid")
+GiB = 2**30
+
+
+def replan(shape: str) -> str:
+    rows = {r["config"]: r for r in json.loads((GRID / f"{shape}.compiled.json").read_text())["rows"]}
+    profile = Profile.load(GRID / "profiles" / f"{shape}.compiled.json.gz")
+    per_block, per_op, plain = rows["compile+per-block"], rows["compile+per-op"], rows["compile"]
+    times = CompiledTimes(plain["time_ms_median"], per_block["time_ms_median"], per_op["time_ms_median"])
+    budget = int(per_op["peak_bytes"])
+    second_peak = budget if per_op["peak_bytes"] > per_block["peak_bytes"] else None
+    plan = plan_compiled(PlanContext(profile, offload=True), with_headroom(budget, COMPILED_HEADROOM),
+                         int(per_block["peak_bytes"]), times=times, measured_per_op_peak=second_peak,
+                         measured_budget=budget)
+    ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
+    same = (abs(plan.compiled_extra_ms - ran["compiled_extra_ms"]) < 1e-6
+            and plan.offload_bytes == ran.get("offload_bytes", 0))
+    return (f"{shape:16s} {'current' if same else 'OUT OF DATE':11s} today: {plan.offload_bytes / GiB:5.2f} GiB "
+            f"offloaded, +{plan.compiled_extra_ms:.2f} ms over compile; measured plan: "
+            f"{ran.get('offload_bytes', 0) / GiB:5.2f} GiB, +{ran['compiled_extra_ms']:.2f} ms predicted")
+
+
+def main(shapes: list[str]) -> int:
+    for shape in shapes or sorted(p.name.split(".")[0] for p in GRID.glob("*.compiled.json")):
+        print(replan(shape), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
