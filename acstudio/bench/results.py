@@ -173,6 +173,8 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r["peak_error_pct"] = _pct(peak, predicted) if peak is not None and predicted else None
         r["fits_budget"] = None if peak is None or budget is None else peak <= budget
         r["offload_bytes"] = plan.get("offload_bytes") or None  # the plan's copies, each way
+        # a SAC row's runtime counts what it copied per timed step (rows of older files: None)
+        r["offload_bytes_measured"] = (r.get("details") or {}).get("offload_bytes_measured")
         r["offload_stall_ms"] = plan.get("offload_stall_ms") if r["offload_bytes"] else None
         # a plan's predicted time is over the step it changes: plain compile's for a compiled plan (priced at
         # calibrated compiled replay times), the captured step's for a rewritten one
@@ -268,8 +270,10 @@ class BenchResults:
                          f"predicted {r['predicted_overhead_ms']:+.1f}")
             if r.get("offload_bytes"):
                 stall = r["offload_stall_ms"] or 0.0
+                measured = r["offload_bytes_measured"]
                 plan += (f"; {r['offload_bytes'] / 2**30:.2f} GiB offloaded each way, "
-                         f"{'copies hidden' if stall <= 0 else f'copies stall {stall:.1f} ms'} (predicted)")
+                         f"{'copies hidden' if stall <= 0 else f'copies stall {stall:.1f} ms'} (predicted)"
+                         + ("" if measured is None else f", {measured / 2**30:.2f} GiB copied"))
             lines.append(f"| {r['batch_size']} | {r['config']} | ok | {peak} | {r['time_ms_median']:.1f} "
                          f"({r['time_ms_iqr']:.1f}) | {over} | {mem} | {plan} | {r['loss_parity'] or ''} |")
         rules = sorted({(r["loss_check"]["reference"], r["loss_check"]["rule"]) for r in compared

@@ -44,6 +44,7 @@ from acstudio.bench.results import base_row
 from acstudio.bench.steps import Request, plan_ahead, prepare
 from acstudio.child_process import emit, stdout_for_messages
 from acstudio.errors import DeviceError
+from acstudio.export.apply import offload_of
 from acstudio.workload import WorkloadSpec
 
 # torch.compile compiles forward and backward on the first calls and may recompile once more after that.
@@ -96,9 +97,13 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
         peak, resident, loss = step_peak_bytes(
             step, dev, lambda: resident_tensors(prepared.model, prepared.optimizer, prepared.batch))
     before = allocator_counters(dev)
+    offload = offload_of(prepared.model)  # a SAC plan that offloads: what its copies moved, against the plan's
+    moved = offload.moved_bytes if offload is not None else 0
     times = time_steps(step, int(cfg["iters"]), dev)
     if before:
         out["details"]["allocator_during_timing"] = {k: v - before[k] for k, v in allocator_counters(dev).items()}
+    if offload is not None:
+        out["details"]["offload_bytes_measured"] = (offload.moved_bytes - moved) // int(cfg["iters"])
     out.update(peak_bytes=peak, resident_bytes=resident, loss=float(loss), times_ms=times, **summarize_ms(times),
                losses=[float(v) for v in losses])
     if ranks is not None:

@@ -93,6 +93,8 @@ _FLOATING = {"aten.alias.default", "aten.lift_fresh.default", "aten.clone.defaul
              "aten.empty.memory_format"}
 _INNER = "_acstudio_sac_inner_forward"
 _WRAPS = itertools.count()  # one token per wrapped block (see compiled_per_block)
+# the offload runtime apply_plan gave each model, for what it measured (offload_of)
+_OFFLOADS: weakref.WeakKeyDictionary[torch.nn.Module, SacOffload] = weakref.WeakKeyDictionary()
 
 
 class ModelMismatchError(PlanMismatchError):
@@ -372,11 +374,19 @@ def apply_plan(model: torch.nn.Module, plan, compile_options: dict | None = None
         if missing:
             raise ModelMismatchError(f"the model has no module {missing[0]!r}, a block of the plan "
                                      "— profile and plan this model again")
-        runtime = RegionOffload(policy.offload_bytes, policy.regions)
+        offload = RegionOffload(policy.offload_bytes, policy.regions)
         # the blocks whose backward start fetches copies run compiled alone too: that start is where their hooks are
         for block in sorted(regions, key=list(modules).index):
-            run_as_region(modules[block], block, runtime, compile_options or {})
+            run_as_region(modules[block], block, offload, compile_options or {})
+    if offload is not None:
+        _OFFLOADS[model] = offload
     return model
+
+
+def offload_of(model: torch.nn.Module) -> SacOffload | None:
+    """The runtime that copies what ``model`` offloads under the plan :func:`apply_plan` applied to it (its
+    ``moved_bytes`` counts what crossed to the host so far), or None where the plan offloads nothing."""
+    return _OFFLOADS.get(model)
 
 
 class CompiledOffloadWarning(UserWarning):
@@ -450,6 +460,7 @@ class SacOffload:
         self.copies: dict[torch.device, CopyStreams] = {}
         self.pending: list[weakref.ref[_OffloadCall]] = []
         self.host_checked = False
+        self.moved_bytes = 0  # copied to the host so far (each copy comes back): what the plan's bytes predict
 
     def call(self) -> _OffloadCall:
         call = _OffloadCall(self)
@@ -479,6 +490,7 @@ class SacOffload:
         n = data.numel()
         device = t.device
         host = self._buffer(n, device)
+        self.moved_bytes += n
         if host.out_done is None:
             host.data.copy_(data)
             return _Stored(host, n, device)
