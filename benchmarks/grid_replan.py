@@ -1,9 +1,8 @@
 """Which of the grid's compiled rows does today's planner still make? For each shape's compiled part, the plan is
 made again from the run's profile and calibration rows as ``acstudio bench`` made it
-(``acstudio.bench.steps.export_sac_plan``: ``plan_compiled`` at compile+per-op's measured peak less the compiled
-headroom, on one device, so it may offload), and set against the plan the run measured: the same compiled extra
-time and offloaded bytes, or not. A row whose plan differs is out of date: rerun its shape
-(``benchmarks/grid.sh SHAPE OUT compiled``) before quoting it as today's.
+(``acstudio.bench.steps.compiled_plan`` at compile+per-op's measured peak, on one device, so it may offload), and
+set against the plan the run measured: the same compiled extra time and offloaded bytes, or not. A row whose plan
+differs is out of date: rerun its shape (``benchmarks/grid.sh SHAPE OUT compiled``) before quoting it as today's.
 
 Usage: PYTHONPATH=. python3 benchmarks/grid_replan.py [SHAPE ...]   (default: every shape in results/grid)
 Runs on a CPU, about a minute a shape.
@@ -13,9 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
-from acstudio.plan.compiled import CompiledTimes, plan_compiled
-from acstudio.plan.schedule import PlanContext
+from acstudio.bench.steps import compiled_plan
+from acstudio.plan.compiled import CompiledTimes
 from acstudio.profile.model import Profile
 
 GRID = Path("results/grid")
@@ -29,9 +27,7 @@ def replan(shape: str) -> str:
     times = CompiledTimes(plain["time_ms_median"], per_block["time_ms_median"], per_op["time_ms_median"])
     budget = int(per_op["peak_bytes"])
     second_peak = budget if per_op["peak_bytes"] > per_block["peak_bytes"] else None
-    plan = plan_compiled(PlanContext(profile, offload=True), with_headroom(budget, COMPILED_HEADROOM),
-                         int(per_block["peak_bytes"]), times=times, measured_per_op_peak=second_peak,
-                         measured_budget=budget)
+    plan = compiled_plan(profile, budget, int(per_block["peak_bytes"]), second_peak, times, one_device=True)
     ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
     same = (abs(plan.compiled_extra_ms - ran["compiled_extra_ms"]) < 1e-6
             and plan.offload_bytes == ran.get("offload_bytes", 0))

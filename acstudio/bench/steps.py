@@ -468,16 +468,12 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
     budget_bytes = parse_budget(req.budget or req.config.arg or "", profile.peak_bytes)
     summary: dict[str, Any] = {}
     if req.config.spec.compiled and req.compiled_per_block_peak:
-        from acstudio.plan.compiled import CompiledTimes, plan_compiled
-        from acstudio.plan.schedule import PlanContext
+        from acstudio.plan.compiled import CompiledTimes
 
         measured = parse_budget(req.compiled_per_block_peak, profile.peak_bytes)
         times = CompiledTimes.parse(req.compiled_step_ms) if req.compiled_step_ms else None
         per_op = parse_budget(req.compiled_per_op_peak, profile.peak_bytes) if req.compiled_per_op_peak else None
-        # one device: the blocks may run compiled one by one and offload what they save (acstudio.apply_plan)
-        ctx = PlanContext(profile, offload=req.config.parallel is None)
-        plan = plan_compiled(ctx, with_headroom(budget_bytes, COMPILED_HEADROOM), measured,
-                             times=times, measured_per_op_peak=per_op, measured_budget=budget_bytes)
+        plan = compiled_plan(profile, budget_bytes, measured, per_op, times, one_device=req.config.parallel is None)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
     else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)
         plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")
@@ -488,6 +484,19 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
             "recomputed_activations": len(plan.recomputed)}
     write_text(plan_dir / PLAN_SUMMARY, json.dumps(info))
     return info
+
+
+def compiled_plan(profile, budget_bytes: int, per_block_peak: int, per_op_peak: int | None, times,
+                  one_device: bool):
+    """The plan a ``sac+compile`` row runs at ``budget_bytes``: calibrated on compile+per-block's measured peak
+    (and compile+per-op's, and their step times against compile's: a
+    :class:`~acstudio.plan.compiled.CompiledTimes`), planned :data:`COMPILED_HEADROOM` below the budget. On one
+    device its blocks may run compiled one by one and offload what they save (``acstudio.apply_plan``)."""
+    from acstudio.plan.compiled import plan_compiled
+    from acstudio.plan.schedule import PlanContext
+
+    return plan_compiled(PlanContext(profile, offload=one_device), with_headroom(budget_bytes, COMPILED_HEADROOM),
+                         per_block_peak, times=times, measured_per_op_peak=per_op_peak, measured_budget=budget_bytes)
 
 
 def prepare(req: Request) -> Prepared:

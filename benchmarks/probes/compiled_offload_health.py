@@ -90,24 +90,17 @@ def copies(enabled: bool):
         apply_module.REGION_MIN_BYTES = saved
 
 
-class Recorded:
-    """Every RegionOffload apply_plan makes, and every host buffer they lock (to see the pool reused)."""
+def record_host_buffers() -> list[int]:
+    """The sizes of the host buffers the offload runtimes lock from now on (to see the pool reused)."""
+    buffers: list[int] = []
+    page_locked = apply_module.PageLocked
 
-    def __init__(self) -> None:
-        self.runtimes: list = []
-        self.buffers: list[int] = []
-        init, page_locked = apply_module.RegionOffload.__init__, apply_module.PageLocked
+    def recording(nbytes, device):
+        buffers.append(nbytes)
+        return page_locked(nbytes, device)
 
-        def recording_init(runtime, *args):
-            self.runtimes.append(runtime)
-            init(runtime, *args)
-
-        def recording_buffer(nbytes, device):
-            self.buffers.append(nbytes)
-            return page_locked(nbytes, device)
-
-        apply_module.RegionOffload.__init__ = recording_init
-        apply_module.PageLocked = recording_buffer
+    apply_module.PageLocked = recording
+    return buffers
 
 
 class Trainer:
@@ -163,8 +156,8 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> str:
     return "bitwise equal" if not unequal else f"{unequal} of {len(a)} tensors differ (max abs {worst:.3g})"
 
 
-def health(trainer: Trainer, recorded: Recorded) -> None:
-    runtime = recorded.runtimes[-1]
+def health(trainer: Trainer, buffers: list[int]) -> None:
+    runtime = apply_module.offload_of(trainer.plain)
     trainer.restart()
     rows = []
     print(" step   peak_GiB  alloc_GiB   rss_MiB     pinned_MiB     ms  buffers  held_copies", flush=True)
@@ -172,10 +165,10 @@ def health(trainer: Trainer, recorded: Recorded) -> None:
         ms, _ = trainer.step()
         peak, alloc = (torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()) if CUDA else (0, 0)
         r, p = rss(), pinned()
-        rows.append((peak, alloc, r, ms, len(recorded.buffers), len(runtime.stored)))
+        rows.append((peak, alloc, r, ms, len(buffers), len(runtime.stored)))
         if i < 5 or i % 5 == 4:
             print(f"{i:5d} {peak / GiB:10.4f} {alloc / GiB:10.4f} {r / MiB:9.1f} "
-                  f"{'-' if p is None else f'{p / MiB:.1f}':>14} {ms:6.1f} {len(recorded.buffers):8d} "
+                  f"{'-' if p is None else f'{p / MiB:.1f}':>14} {ms:6.1f} {len(buffers):8d} "
                   f"{len(runtime.stored):12d}", flush=True)
     peaks, allocs, rsss, _, made, held = (np.array(c) for c in zip(*rows))
     print(f"from step 2: peak spread {int(peaks[2:].max() - peaks[2:].min())} B, allocated-after spread "
@@ -219,12 +212,12 @@ def main() -> int:
               f"{plan.offload_stall_ms:.2f} ms", flush=True)
 
     w = build_workload(spec).to(torch.device(DEVICE))
-    recorded = Recorded()
+    buffers = record_host_buffers()
     results, timings = {}, {}
     with copies(True):
         offload = Trainer(w, apply_module.apply_plan(copy.deepcopy(w.model), (profile, plan), COMPILE))
         results["offload"] = offload.three_steps()
-        health(offload, recorded)
+        health(offload, buffers)
         timings["offload"] = offload.timed(12)
     del offload
     with copies(False):
