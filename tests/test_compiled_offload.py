@@ -153,24 +153,26 @@ def test_the_compiled_planner_offloads_blocks_where_that_is_faster_by_its_margin
 def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monkeypatch):
     """The 168M decoder's sample (H200 profile) at compile+per-block's measured peak: recompute alone can only run
     per-block's own set; offloading the first blocks' saves instead fits with the copies hidden and is predicted
-    2.1% of the step faster, which is inside what compiled offload plans were measured to miss by (2.0% on GPT-2
-    seq 2048): the planner recomputes. Were the margin nothing, it would offload."""
+    2.3% of the step faster (2.1% before the first block's input, which only that block reads, was counted as its
+    copy), just past what compiled offload plans were measured to miss by (the 2.2% margin): the planner offloads.
+    With a margin above the gain it recomputes."""
     profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
     times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # tests/test_plan_compiled.py's H200 run
     budget = with_headroom(measured, COMPILED_HEADROOM)
     recompute = plan_compiled(PlanContext(profile), budget, measured, times=times, measured_budget=measured)
-    kept = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, measured_budget=measured)
-    assert recompute.replay_mode == kept.replay_mode == "sac" and not kept.offloaded
-    margin_ms = acstudio_compiled.OFFLOAD_MARGIN * profile.iteration_ms
-    monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", 0.0)
     offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
                              measured_budget=measured)
+    assert recompute.replay_mode == "sac" and not recompute.offloaded
     assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.offload_stall_ms == 0
     assert offloads.compiled_peak_bytes <= budget
-    gain = recompute.compiled_extra_ms - offloads.compiled_extra_ms
-    assert 0 < gain <= margin_ms
+    gain = (recompute.compiled_extra_ms - offloads.compiled_extra_ms) / profile.iteration_ms
+    assert acstudio_compiled.OFFLOAD_MARGIN < gain < 0.025
     policy = sac.SacPolicy.from_plan(profile, offloads.recomputed, offloads.offloaded, offloads.replay_mode)
     assert policy.regions and policy.offload_bytes == offloads.offload_bytes
+    monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", gain + 0.001)
+    kept = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, measured_budget=measured)
+    assert kept.replay_mode == "sac" and not kept.offloaded
+    assert kept.compiled_extra_ms == recompute.compiled_extra_ms
 
 
 def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_measurement(monkeypatch):
@@ -264,10 +266,16 @@ def test_the_bench_table_says_what_a_row_offloads():
 @pytest.mark.usefixtures("small_regions")
 def test_the_runtime_counts_what_its_copies_move():
     """What the bench reports beside the plan's bytes: the runtime's own count of what crossed to the host, the
-    same every step and at least the plan's bytes (the runtime copies every saved storage of an offloaded block
-    of ``REGION_MIN_BYTES`` or more; the plan counts the activations only those blocks hold)."""
+    same every step. The plan counts the first block's input, which only that block reads (BERT's GPU run copied
+    it), but not the first block's output: the compiled form recomputes it where the second block's backward
+    needs it (a model compiled whole does), while the second block, compiled alone, saves it as its input and
+    so copies it. That one activation is all the runtime copies beyond the plan here."""
     w, _ = workload()
     ctx, plan, _ = region_plans(2)
+    blocks = sac_blocks(ctx.sim)
+    schedule = get_mode(TIMED_MODE).schedule(ctx.sim, ctx.sim.indices(plan.recomputed))
+    first_output = [k for r in schedule.replays for k in r.outputs
+                    if blocks.act_block[k] == blocks.blocks[0] and blocks.holders(k) == [blocks.blocks[1]]]
     torch._dynamo.reset()
     model = apply_plan(copy.deepcopy(w.model), (ctx.profile, plan), {"backend": "aot_eager"})
     runtime = apply_module.offload_of(model)
@@ -276,7 +284,8 @@ def test_the_runtime_counts_what_its_copies_move():
         w.loss_fn(compiled, w.batch).backward()
         first = runtime.moved_bytes
         w.loss_fn(compiled, w.batch).backward()
-    assert runtime.moved_bytes == 2 * first and first >= plan.offload_bytes > 0
+    assert runtime.moved_bytes == 2 * first and plan.offload_bytes > 0
+    assert len(first_output) == 1 and first == plan.offload_bytes + ctx.rg.bytes[first_output[0]]
     assert apply_module.offload_of(copy.deepcopy(w.model)) is None  # no plan applied: nothing to count
 
 
@@ -317,3 +326,32 @@ def test_a_copy_back_waiting_for_its_copy_out_is_fetched_at_the_backward_start_b
         back = [p for k, p in zip(copies.offloaded.tolist(), copies.prefetch.tolist()) if block in blocks.holders(k)]
         later = [n for n in blocks.replay_at.values() if blocks.replay_at[at] < n <= min(back)]
         assert blocks.replay_at[at] <= min(back) and not later  # the last backward start before its copies back
+
+
+@pytest.mark.parametrize(("shape", "peak_error_before"), [("bert-s512", 0.066), ("bert-s2048", 0.051)])
+def test_the_plan_counts_what_the_runtime_copied_on_the_gpu(shape, peak_error_before):
+    """BERT's compiled grid rows (H100, 2026-11-28) ran plans offloading what their first 6 / 5 layers save, and
+    the runtime copied 1248 / 1056 MiB a step more than those plans counted: the outputs of the two dropouts each
+    layer saves for its recomputed residual adds (96 MiB each) and the embeddings' output, which only the first
+    layer reads. So their peaks came out 5-7% under the prediction. Simulated now, the same recompute sets and
+    regions copy what the runtime measured to the byte, and the predicted peak (with the plan's calibration
+    offset) is within 1% of the measured one."""
+    from acstudio.bench.results import BenchResults
+    from acstudio.plan.model import Plan
+
+    (row,) = [r for r in BenchResults.load(f"results/grid/{shape}.compiled.json").rows
+              if r["config"] == "sac+compile@compile+per-op"]
+    profile = Profile.load(f"results/grid/profiles/{shape}.compiled.json.gz")
+    plan = Plan.load(f"results/probes/{shape}.compiled-offload.plan.json")  # the plan that ran (as bench made it)
+    assert plan.offload_bytes == row["details"]["plan"]["offload_bytes"]
+    ctx = PlanContext(profile)
+    recomputed = ctx.sim.indices(plan.recomputed)
+    regions = sac.SacPolicy.from_plan(profile, plan.recomputed, plan.offloaded, plan.replay_mode).regions
+    held = sac_blocks(ctx.sim).region_held(recomputed, list(regions))
+    again = ctx.plan_for_set(plan.solver, plan.budget_bytes, recomputed, mode=TIMED_MODE, offloaded=held)
+    measured = row["details"]["offload_bytes_measured"]
+    assert again.offload_bytes == measured > plan.offload_bytes
+    peak = row["peak_bytes"]
+    assert plan.predicted_peak_bytes / peak - 1 == pytest.approx(peak_error_before, abs=0.001)
+    assert abs((again.predicted_peak_bytes + plan.compiled_offset_bytes) / peak - 1) < 0.01
+    assert again.offload_stall_ms == 0 and again.predicted_extra_ms == pytest.approx(plan.predicted_extra_ms)

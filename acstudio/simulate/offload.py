@@ -89,6 +89,18 @@ class OffloadFacts:
 
 
 @dataclass
+class SavedCopies:
+    """Storages a region runtime copies besides activations (see :meth:`SacBlocks.region_saved
+    <acstudio.simulate.sac.SacBlocks.region_saved>`): per storage its ``bytes``, the node after which its copy out
+    is issued (``ready``) and the node it must be back before (``needed``). The schedule already holds each on the
+    device from before ``ready`` to ``needed``; its copies take it off in between, as an activation's do."""
+
+    bytes: np.ndarray
+    ready: np.ndarray
+    needed: np.ndarray
+
+
+@dataclass
 class OffloadSchedule:
     """Where and when the copies of a plan's offloaded activations (indices, by copy order) run, and their cost.
 
@@ -115,18 +127,24 @@ class OffloadSchedule:
     stall_ms: float
     waits: np.ndarray
     issue_ms: float = 0.0
+    # the copies of storages that are no activation (SavedCopies), each with its release and prefetch node
+    saved_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    saved_release: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    saved_prefetch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    saved_ready: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    saved_needed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # (replay schedule, its (peak, position, during a replay)) where the mode evaluated these copies beside it
     evaluated: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def moved_bytes(self) -> int:
-        """Bytes crossing the link each way."""
-        return int(self.bytes.sum())
+        """Bytes crossing the link each way (activations and other saved storages)."""
+        return int(self.bytes.sum() + self.saved_bytes.sum())
 
     @property
     def host_bytes(self) -> int:
-        """Pinned host memory the step holds for the copies (one buffer per offloaded activation)."""
-        return int(self.bytes.sum())
+        """Pinned host memory the step holds for the copies (one buffer per copied storage)."""
+        return self.moved_bytes
 
     @property
     def hidden(self) -> bool:
@@ -140,23 +158,27 @@ class OffloadSchedule:
     def host_memory(self, sim) -> np.ndarray:
         """Bytes of offloaded activations held on the host at each node: from the node after which the copy out
         is issued to the node before they are needed again (a curve inside the pool, which is held all step)."""
-        return sim._span(self.ready + 1, self.needed - 1, self.bytes)
+        return (sim._span(self.ready + 1, self.needed - 1, self.bytes)
+                + sim._span(self.saved_ready + 1, self.saved_needed - 1, self.saved_bytes))
 
     def memory(self, sim) -> tuple[np.ndarray, np.ndarray]:
         """Bytes to add to the activation memory during and just before each node: minus each offloaded
         activation from its release to the node before its prefetch."""
-        gap = sim._span(self.release, self.prefetch - 1, -self.bytes)
+        gap = (sim._span(self.release, self.prefetch - 1, -self.bytes)
+               + sim._span(self.saved_release, self.saved_prefetch - 1, -self.saved_bytes))
         return gap, gap.copy()
 
 
 def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
-                     not_before: np.ndarray | None = None, regions: RegionCopies | None = None) -> OffloadSchedule:
+                     not_before: np.ndarray | None = None, regions: RegionCopies | None = None,
+                     saved: SavedCopies | None = None) -> OffloadSchedule:
     """Schedule and price the copies of activation indices ``offloaded`` (see the module docstring) beside the
     ``replays`` a plan runs (:class:`~acstudio.simulate.replay.Replay`: inserted before node ``at``, taking
     ``time_ms``, reading ``sources``). Activations a replay produces (recomputed ones) stay on the device, and
     so do those that cannot be offloaded. ``not_before``: per activation, the earliest node its copy back may be
     issued before (it is still issued by the node that needs it). ``regions``: where a runtime that copies whole
-    regions issues each copy and needs it back, in place of the per-activation nodes."""
+    regions issues each copy and needs it back, in place of the per-activation nodes; ``saved``: what such a
+    runtime copies besides activations, on the same lanes (with ``regions`` only)."""
     rg, facts, link = sim.replay, sim.offload_facts, sim.profile.link
     chosen = np.zeros(len(rg.bytes), dtype=bool)
     chosen[np.asarray(list(offloaded), dtype=np.int64)] = True
@@ -180,6 +202,19 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
         np.minimum.at(first_read, *np.array(read, dtype=np.int64).T)
     by_replay = first_read[ks_arr] <= first_bw
     needed = np.where(by_replay, first_read[ks_arr], first_bw)
+    made = rg.created[ks_arr]
+    if saved is not None and regions is not None:  # the other storages join the lanes, in order of their copy out
+        ks_arr = np.concatenate([ks_arr, np.full(len(saved.bytes), -1, dtype=np.int64)])
+        made = np.concatenate([made, saved.ready])
+        ready, last_fw = np.concatenate([ready, saved.ready]), np.concatenate([last_fw, saved.ready])
+        first_bw, needed = np.concatenate([first_bw, saved.needed]), np.concatenate([needed, saved.needed])
+        by_replay = np.concatenate([by_replay, np.zeros(len(saved.bytes), dtype=bool)])
+        nbytes = np.concatenate([nbytes, saved.bytes])
+        order = np.argsort(ready, kind="stable")
+        ks_arr, made, ready, last_fw, first_bw, needed, by_replay, nbytes = (
+            a[order] for a in (ks_arr, made, ready, last_fw, first_bw, needed, by_replay, nbytes))
+        duration = link.copy_ms(nbytes)
+        ks = ks_arr.tolist()
     need_ms = np.where(by_replay, issue[needed], start[needed])
 
     # Planned out-copies (no stalls), then the first node after each that starts once it has ended.
@@ -194,11 +229,11 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
     h2d_begin = [0.0] * m
     lane = np.inf
     need = need_ms.tolist()
-    for j in np.lexsort((ks_arr, rg.created[ks_arr], need_ms))[::-1].tolist():
+    for j in np.lexsort((ks_arr, made, need_ms))[::-1].tolist():
         lane = h2d_begin[j] = min(need[j], lane) - took[j]
     prefetch = np.clip(np.searchsorted(issue, h2d_begin, side="right") - 1, release, needed)
     if regions is not None:
-        prefetch = np.clip(regions.snap(prefetch, ks_arr), release, needed)
+        prefetch = np.clip(regions.snap(prefetch, first_bw), release, needed)
     if not_before is not None:
         prefetch = np.minimum(np.maximum(prefetch, not_before[ks_arr]), needed)
 
@@ -244,8 +279,10 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
     host = (sim.offload_facts.issued + replayed) * node_ms
     later = host_delay(end - issue, host, np.concatenate([ready + 1, release, prefetch, needed]),
                        link.offload_issue_nodes * node_ms / 4)
-    return OffloadSchedule(ks_arr, nbytes, ready, release, prefetch, first_bw, needed, by_replay, d2h, h2d,
-                           float(delay), waits, float(later[-1]))
+    act, other = ks_arr >= 0, ks_arr < 0
+    return OffloadSchedule(ks_arr[act], nbytes[act], ready[act], release[act], prefetch[act], first_bw[act],
+                           needed[act], by_replay[act], d2h[act], h2d[act], float(delay), waits, float(later[-1]),
+                           nbytes[other], release[other], prefetch[other], ready[other], needed[other])
 
 
 @dataclass
@@ -261,15 +298,16 @@ class RegionCopies:
     needed: np.ndarray
     starts: np.ndarray
 
-    def snap(self, prefetch: np.ndarray, ks: np.ndarray) -> np.ndarray:
-        """``prefetch`` (nodes, for activations ``ks``) moved back to a region's backward start, each region's
-        activations together (the runtime fetches a region's copies at once): the earliest any of them needs."""
+    def snap(self, prefetch: np.ndarray, needed: np.ndarray) -> np.ndarray:
+        """``prefetch`` (nodes, of copies needed back before the nodes ``needed``: ``self.needed`` of their
+        activations) moved back to a region's backward start, the copies needed at one node together (the runtime
+        fetches a region's copies at once): the earliest any of them needs."""
         at = np.searchsorted(self.starts, prefetch, side="right") - 1
         snapped = self.starts[np.maximum(at, 0)]  # none before the first: the first backward start
         earliest: dict[int, int] = {}
-        for n, s in zip(self.needed[ks].tolist(), snapped.tolist()):
+        for n, s in zip(needed.tolist(), snapped.tolist()):
             earliest[n] = min(earliest.get(n, s), s)
-        return np.array([earliest[n] for n in self.needed[ks].tolist()], dtype=np.int64)
+        return np.array([earliest[n] for n in needed.tolist()], dtype=np.int64)
 
 
 def host_delay(device_ms: np.ndarray, host_ms: np.ndarray, calls_at: np.ndarray, call_ms: float) -> np.ndarray:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -55,7 +55,7 @@ import numpy as np
 from acstudio.profile.model import Profile
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
 from acstudio.simulate.modes import ReplayMode, register_mode
-from acstudio.simulate.offload import OffloadSchedule, RegionCopies, offload_schedule
+from acstudio.simulate.offload import OffloadSchedule, RegionCopies, SavedCopies, offload_schedule
 from acstudio.simulate.replay import FORWARD_REGIONS, Replay, is_inplace
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
@@ -90,6 +90,9 @@ class SacSchedule(SharedSchedule):
     cached: np.ndarray
     dispatch_ms: float = 0.0
     recomputed: Sequence[int] = ()  # the activation indices it replays (what the SAC form can offload follows)
+    # compiled: per block, the rows of ``cached`` its compiled step saves (outputs of saved ops that its pruned
+    # replay reads), which a block compiled alone hands to saved-tensors hooks with its activations
+    saved_rows: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def extra_ms(self) -> float:
@@ -402,7 +405,7 @@ class SacBlocks:
         n_act = len(self.sim.replay.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
-        replays, held = [], {}
+        replays, held, saved_by = [], {}, {}
         forms = {b: self._block(b, asked, compiled) for b, asked in self._asked(recomputed).items()}
         late = self.recomputed_at_first_use(forms) if compiled else {}
         for b, form in forms.items():
@@ -412,6 +415,8 @@ class SacBlocks:
             at = replay.at
             scratch = self.compiled_scratch(form) if compiled else form.saved_scratch
             held.update({t: min(until, at) for t, until in scratch.items()})
+            if compiled:
+                saved_by.update(dict.fromkeys(scratch, b))
             for t in form.arg_scratch:
                 held[t] = max(held.get(t, -1), self.backward_end[b] + 1)
             for s in form.kept_sources:
@@ -420,7 +425,12 @@ class SacBlocks:
             replays.append(replay)
         replays.sort(key=lambda r: r.at)
         cached = [(self.scratch[t][1] + 1, until - 1, self.scratch[t][0]) for t, until in held.items()]
-        return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3))
+        saved_rows: dict[str, list[int]] = {}
+        for row, t in enumerate(held):
+            if t in saved_by:
+                saved_rows.setdefault(saved_by[t], []).append(row)
+        return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3),
+                           saved_rows=saved_rows)
 
 
     def recomputed_at_first_use(self, forms: dict[str, _BlockForm]) -> dict[str, tuple[int, ...]]:
@@ -450,9 +460,13 @@ class SacBlocks:
 
     def holders(self, k: int) -> list[str]:
         """The blocks whose forward holds activation ``k`` (its own and those that read it; "" for code outside
-        every block): a block compiled on its own saves what it made and its arguments, so each may save it."""
+        every block): a block compiled on its own saves what it made and its arguments, so each may save it. Its
+        maker does not where ``k`` only passes through it (neither read nor saved there): the embeddings' output,
+        which only the first block reads, is held by that block alone (measured: the runtime offloads it with
+        the first region; results/grid/bert-s512.compiled.json)."""
         readers = [self.block[i] for i in self.outside_readers.get(k, ())]
-        return list(dict.fromkeys([self.act_block[k], *readers]))
+        maker = [] if self.passes_through[k] and readers else [self.act_block[k]]
+        return list(dict.fromkeys([*maker, *readers]))
 
     @cached_property
     def region_copies(self) -> RegionCopies:
@@ -482,6 +496,23 @@ class SacBlocks:
         return [k for k in range(len(rg.bytes))
                 if not freed[k] and rg.bytes[k] >= REGION_MIN_BYTES and rg.first_bw[k] < self.sim.n
                 and facts.offloadable[k] and copies.ready[k] >= 0 and set(self.holders(k)) <= regions]
+
+    def region_saved(self, schedule: SacSchedule, regions: Collection[str]) -> SavedCopies | None:
+        """What ``regions`` (blocks compiled alone inside saved-tensors hooks) copy besides activations: the
+        outputs of saved ops their compiled step saves for the pruned replay (``schedule.saved_rows``: a saved
+        dropout's output, which the recomputed residual add reads) of at least :data:`REGION_MIN_BYTES`. Copied
+        out when the block's forward ends, needed back when its backward starts. Measured on BERT: two such
+        outputs per layer, 1152 MiB over six offloaded layers that the plan had not counted
+        (results/grid/bert-s512.compiled.json, ``offload_bytes_measured``)."""
+        rows = [r for b in regions for r in schedule.saved_rows.get(b, ())
+                if schedule.cached[r, 2] >= REGION_MIN_BYTES and b in self.replay_at]
+        if not rows:
+            return None
+        owner = {r: b for b in regions for r in schedule.saved_rows.get(b, ())}
+        ready = [max(self.fw_nodes[owner[r]]) for r in rows]
+        needed = [self.replay_at[owner[r]] for r in rows]
+        return SavedCopies(schedule.cached[rows, 2].astype(np.int64), np.array(ready, dtype=np.int64),
+                           np.array(needed, dtype=np.int64))
 
     def fetched_by(self, copies: OffloadSchedule) -> dict[str, str]:
         """Per block whose saves ``copies`` (the compiled mode's :meth:`ReplaySacCompiled.offload`) offload, in
@@ -611,10 +642,15 @@ class ReplaySacCompiled(ReplaySac):
         its own inside saved-tensors hooks hands what it saves to them when its forward ends, and unpacks all of
         it when its backward starts (:func:`acstudio.apply_plan` runs the blocks of ``SacBlocks.region_held`` so).
         The copies go out after the last block holding each activation, come back issued at a block's backward
-        start (:class:`~acstudio.simulate.offload.RegionCopies`), and are needed by the first holder's backward."""
+        start (:class:`~acstudio.simulate.offload.RegionCopies`), and are needed by the first holder's backward.
+        The blocks holding ``offloaded`` also copy the outputs of saved ops they keep for their replay
+        (:meth:`SacBlocks.region_saved`), on the same lanes."""
         if not len(offloaded):
             return None
-        return offload_schedule(sim, offloaded, schedule.replays, regions=sac_blocks(sim).region_copies)
+        blocks = sac_blocks(sim)
+        regions = {b for k in offloaded for b in blocks.holders(int(k))}
+        return offload_schedule(sim, offloaded, schedule.replays, regions=blocks.region_copies,
+                                saved=blocks.region_saved(schedule, regions))
 
 
 SAC_COMPILED_MODE = register_mode(ReplaySacCompiled())
