@@ -93,6 +93,8 @@ class SacSchedule(SharedSchedule):
     # compiled: per block, the rows of ``cached`` its compiled step saves (outputs of saved ops that its pruned
     # replay reads), which a block compiled alone hands to saved-tensors hooks with its activations
     saved_rows: dict[str, list[int]] = field(default_factory=dict)
+    # compiled: per block, the outputs it recomputes at their first backward use (SacBlocks.recomputed_at_first_use)
+    late: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def extra_ms(self) -> float:
@@ -397,17 +399,18 @@ class SacBlocks:
         read = {storage[u] for i, reads in self._needed(form.replay).items() if reads for u in self.inputs[i]}
         return {t: at for t, at in form.saved_scratch.items() if t in read}
 
-    def schedule(self, recomputed: Collection[int], compiled: bool = False) -> SharedSchedule:
+    def schedule(self, recomputed: Collection[int], compiled: bool = False, regions: Collection[str] = ()
+                 ) -> SharedSchedule:
         """One replay per block that frees something, in the order they run. ``compiled``: the form as it runs
         under torch.compile, random ops decided one by one (:meth:`_block`), and the saved ops' outputs held until
         the replay only those the compiled step saves (:meth:`compiled_scratch`); eager SAC's cache holds every
-        output of a saved op."""
+        output of a saved op. ``regions``: blocks compiled alone (:meth:`recomputed_at_first_use`)."""
         n_act = len(self.sim.replay.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
         replays, held, saved_by = [], {}, {}
         forms = {b: self._block(b, asked, compiled) for b, asked in self._asked(recomputed).items()}
-        late = self.recomputed_at_first_use(forms) if compiled else {}
+        late = self.recomputed_at_first_use(forms, regions) if compiled else {}
         for b, form in forms.items():
             if form.replay is None:
                 continue
@@ -430,17 +433,19 @@ class SacBlocks:
             if t in saved_by:
                 saved_rows.setdefault(saved_by[t], []).append(row)
         return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3),
-                           saved_rows=saved_rows)
+                           recomputed=recomputed, saved_rows=saved_rows, late=late)
 
 
-    def recomputed_at_first_use(self, forms: dict[str, _BlockForm]) -> dict[str, tuple[int, ...]]:
+    def recomputed_at_first_use(self, forms: dict[str, _BlockForm], regions: Collection[str] = ()
+                                ) -> dict[str, tuple[int, ...]]:
         """Per wrapped block, the activations leaving it that the compiled step does not hold from forward: written
         by recomputed ops only and read outside the block by no recomputed op of another wrapped block (the last
         layer's output, which only the loss head reads). The partitioner saves a checkpointed region's output only
         for a later region that recomputes from it (``cleanup_recompute_tags``), so this one is recomputed in
         backward, at its first use, from what its block saved; eager, the checkpoint's caller holds it. Not under
         FSDP2/DDP, where each block is compiled alone: its output leaves the compiled graph, and the caller holds
-        it."""
+        it; nor for ``regions``, blocks compiled alone for offload, whose output the next block saves as its input
+        (measured on the CPU: ``tests/test_compiled_offload.py``, the runtime's count of its copies)."""
         if self.regional:
             return {}
         wrapped = {b for b, form in forms.items() if form.replay is not None}
@@ -451,7 +456,7 @@ class SacBlocks:
         late: dict[str, list[int]] = {}
         for k, readers in self.outside_readers.items():
             b = self.act_block[k]
-            if b not in wrapped or not self.passes_through[k]:
+            if b not in wrapped or b in regions or not self.passes_through[k]:
                 continue
             writers = [j for j in self.writers[k] if self.block[j] == b]
             if all(forms[b].decision[j] == RECOMPUTE for j in writers) and not any(map(recomputed_in_wrapped, readers)):
@@ -621,9 +626,9 @@ class ReplaySacCompiled(ReplaySac):
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         return True  # compiled, the policy runs while tracing only
 
-    def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> SacSchedule:
+    def schedule(self, sim: Simulator, recomputed: Sequence[int], regions: Collection[str] = ()) -> SacSchedule:
         blocks = sac_blocks(sim)
-        schedule = blocks.schedule(recomputed, compiled=True)
+        schedule = blocks.schedule(recomputed, compiled=True, regions=regions)
         for r in schedule.replays:
             if id(r) not in blocks.pruned:
                 pruned_ms = float(sim.replay.run_ms[self.needed(sim, r)].sum())
@@ -644,11 +649,16 @@ class ReplaySacCompiled(ReplaySac):
         The copies go out after the last block holding each activation, come back issued at a block's backward
         start (:class:`~acstudio.simulate.offload.RegionCopies`), and are needed by the first holder's backward.
         The blocks holding ``offloaded`` also copy the outputs of saved ops they keep for their replay
-        (:meth:`SacBlocks.region_saved`), on the same lanes."""
+        (:meth:`SacBlocks.region_saved`), on the same lanes. Compiled alone, they recompute no output at its first
+        backward use: ``schedule`` is made again so (in place: the plan's replays are those the regions run)."""
         if not len(offloaded):
             return None
         blocks = sac_blocks(sim)
         regions = {b for k in offloaded for b in blocks.holders(int(k))}
+        if regions & set(schedule.late):  # those blocks run compiled alone: their outputs are held, not recomputed
+            fresh = self.schedule(sim, schedule.recomputed, regions)
+            schedule.replays, schedule.back, schedule.keep_until = fresh.replays, fresh.back, fresh.keep_until
+            schedule.cached, schedule.saved_rows, schedule.late = fresh.cached, fresh.saved_rows, fresh.late
         return offload_schedule(sim, offloaded, schedule.replays, regions=blocks.region_copies,
                                 saved=blocks.region_saved(schedule, regions))
 
