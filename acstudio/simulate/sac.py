@@ -509,15 +509,12 @@ class SacBlocks:
         out when the block's forward ends, needed back when its backward starts. Measured on BERT: two such
         outputs per layer, 1152 MiB over six offloaded layers that the plan had not counted
         (results/grid/bert-s512.compiled.json, ``offload_bytes_measured``)."""
-        rows = [r for b in regions for r in schedule.saved_rows.get(b, ())
-                if schedule.cached[r, 2] >= REGION_MIN_BYTES and b in self.replay_at]
-        if not rows:
+        copies = [(r, max(self.fw_nodes[b]), self.replay_at[b]) for b in regions if b in self.replay_at
+                  for r in schedule.saved_rows.get(b, ()) if schedule.cached[r, 2] >= REGION_MIN_BYTES]
+        if not copies:
             return None
-        owner = {r: b for b in regions for r in schedule.saved_rows.get(b, ())}
-        ready = [max(self.fw_nodes[owner[r]]) for r in rows]
-        needed = [self.replay_at[owner[r]] for r in rows]
-        return SavedCopies(schedule.cached[rows, 2].astype(np.int64), np.array(ready, dtype=np.int64),
-                           np.array(needed, dtype=np.int64))
+        rows, ready, needed = (np.array(c, dtype=np.int64) for c in zip(*copies))
+        return SavedCopies(schedule.cached[rows, 2].astype(np.int64), ready, needed)
 
     def fetched_by(self, copies: OffloadSchedule) -> dict[str, str]:
         """Per block whose saves ``copies`` (the compiled mode's :meth:`ReplaySacCompiled.offload`) offload, in
@@ -657,8 +654,8 @@ class ReplaySacCompiled(ReplaySac):
         regions = {b for k in offloaded for b in blocks.holders(int(k))}
         if regions & set(schedule.late):  # those blocks run compiled alone: their outputs are held, not recomputed
             fresh = self.schedule(sim, schedule.recomputed, regions)
-            schedule.replays, schedule.back, schedule.keep_until = fresh.replays, fresh.back, fresh.keep_until
-            schedule.cached, schedule.saved_rows, schedule.late = fresh.cached, fresh.saved_rows, fresh.late
+            for f in dataclasses.fields(fresh):
+                setattr(schedule, f.name, getattr(fresh, f.name))
         return offload_schedule(sim, offloaded, schedule.replays, regions=blocks.region_copies,
                                 saved=blocks.region_saved(schedule, regions))
 
