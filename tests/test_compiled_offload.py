@@ -250,7 +250,7 @@ def test_the_bench_table_says_what_a_row_offloads():
     its peak and time; and, from rows that recorded it, what the runtime copied per step."""
     from acstudio.bench.results import BenchResults
 
-    results = BenchResults.load("results/grid/gpt2-s512.compiled.json")
+    results = BenchResults.load("results/superseded/grid-gpt2-s512.compiled-h100-uncounted-copies.json")
     table = results.summary()
     (row,) = [line for line in table.splitlines() if "sac+compile@" in line]
     assert "3.80 GiB offloaded each way, copies hidden (predicted)" in row and "11878.6" in row
@@ -340,9 +340,9 @@ def test_the_plan_counts_what_the_runtime_copied_on_the_gpu(shape, peak_error_be
     from acstudio.bench.results import BenchResults
     from acstudio.plan.model import Plan
 
-    (row,) = [r for r in BenchResults.load(f"results/grid/{shape}.compiled.json").rows
-              if r["config"] == "sac+compile@compile+per-op"]
-    profile = Profile.load(f"results/grid/profiles/{shape}.compiled.json.gz")
+    ran = f"results/superseded/grid-{shape}.compiled-h100-uncounted-copies.json"
+    (row,) = [r for r in BenchResults.load(ran).rows if r["config"] == "sac+compile@compile+per-op"]
+    profile = Profile.load(f"results/probes/{shape}.compiled-offload.profile.json.gz")  # that run's profile
     plan = Plan.load(f"results/probes/{shape}.compiled-offload.plan.json")  # the plan that ran (as bench made it)
     assert plan.offload_bytes == row["details"]["plan"]["offload_bytes"]
     ctx = PlanContext(profile)
@@ -356,3 +356,16 @@ def test_the_plan_counts_what_the_runtime_copied_on_the_gpu(shape, peak_error_be
     assert plan.predicted_peak_bytes / peak - 1 == pytest.approx(peak_error_before, abs=0.001)
     assert abs((again.predicted_peak_bytes + plan.compiled_offset_bytes) / peak - 1) < 0.01
     assert again.offload_stall_ms == 0 and again.predicted_extra_ms == pytest.approx(plan.predicted_extra_ms)
+
+
+@pytest.mark.parametrize("shape", ["bert-s512", "bert-s1024", "bert-s2048"])
+def test_the_grid_rows_planned_with_every_copy_counted_copy_what_they_planned(shape):
+    """BERT's compiled grid rows planned with the region copies counted (H200, 2026-11-28): the runtime copied
+    exactly the bytes each plan counted, and each measured peak is within 1% of the plan's compiled prediction."""
+    from acstudio.bench.results import BenchResults
+
+    (row,) = [r for r in BenchResults.load(f"results/grid/{shape}.compiled.json").rows
+              if r["config"] == "sac+compile@compile+per-op"]
+    plan = row["details"]["plan"]
+    assert plan["offload_bytes"] > 2**30 and row["details"]["offload_bytes_measured"] == plan["offload_bytes"]
+    assert abs(row["peak_bytes"] / plan["compiled_peak_bytes"] - 1) < 0.01
