@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_sac import dropout_free_gpt2, train
 
-from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
+from acstudio.bench.steps import COMPILED_HEADROOM, compiled_plan, with_headroom
 from acstudio.errors import Cancelled, ProfileFileError
 from acstudio.export import apply as apply_module
 from acstudio.export import sac
@@ -152,10 +152,11 @@ def test_the_compiled_planner_offloads_blocks_where_that_is_faster_by_its_margin
 
 def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monkeypatch):
     """The 168M decoder's sample (H200 profile) at compile+per-block's measured peak: recompute alone can only run
-    per-block's own set; offloading the first blocks' saves instead fits with the copies hidden and is predicted
-    2.3% of the step faster (2.1% before the first block's input, which only that block reads, was counted as its
-    copy), just past what compiled offload plans were measured to miss by (the 2.2% margin): the planner offloads.
-    With a margin above the gain it recomputes."""
+    per-block's own set; offloading what the first 3 blocks save instead (144 MiB) is predicted 2.9% of the step
+    faster with the copies hidden, past what compiled offload plans were measured to miss by (the 2.2% margin): the
+    planner offloads. It peaks in the AdamW step, as the measured set does, with no more bytes: it fits by
+    measurement, within the measured peak though above the planning headroom's budget (searched to fill that
+    budget, not to stay under the held bytes). With a margin above the gain it recomputes."""
     profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
     times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # tests/test_plan_compiled.py's H200 run
     budget = with_headroom(measured, COMPILED_HEADROOM)
@@ -164,9 +165,9 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
                              measured_budget=measured)
     assert recompute.replay_mode == "sac" and not recompute.offloaded
     assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.offload_stall_ms == 0
-    assert offloads.compiled_peak_bytes <= budget
+    assert offloads.feasible and offloads.compiled_peak_bytes <= measured == offloads.budget_bytes
     gain = (recompute.compiled_extra_ms - offloads.compiled_extra_ms) / profile.iteration_ms
-    assert acstudio_compiled.OFFLOAD_MARGIN < gain < 0.025
+    assert acstudio_compiled.OFFLOAD_MARGIN < gain < 0.03
     policy = sac.SacPolicy.from_plan(profile, offloads.recomputed, offloads.offloaded, offloads.replay_mode)
     assert policy.regions and policy.offload_bytes == offloads.offload_bytes
     monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", gain + 0.001)
@@ -369,3 +370,23 @@ def test_the_grid_rows_planned_with_every_copy_counted_copy_what_they_planned(sh
     plan = row["details"]["plan"]
     assert plan["offload_bytes"] > 2**30 and row["details"]["offload_bytes_measured"] == plan["offload_bytes"]
     assert abs(row["peak_bytes"] / plan["compiled_peak_bytes"] - 1) < 0.01
+
+
+def test_an_offloading_compiled_plan_is_searched_to_fill_its_budget():
+    """BERT seq 512's compiled grid row (H200, 2026-11-28) ran a plan whose recompute set was searched at the
+    budget plus the bytes its regions hold: it peaked at 93.8% of the budget, as predicted (+0.05%), and ran +13.8
+    ms over compile. Searched until the priced plan's peak meets the budget, the plan from that run's profile and
+    calibration rows predicts a compiled peak of at least 98% of it (issue 27) and recomputes less."""
+    from acstudio.bench.results import BenchResults
+
+    rows = {r["config"]: r for r in BenchResults.load("results/grid/bert-s512.compiled.json").rows}
+    profile = Profile.load("results/grid/profiles/bert-s512.compiled.json.gz")
+    times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")))
+    budget = int(rows["compile+per-op"]["peak_bytes"])
+    plan = compiled_plan(profile, budget, int(rows["compile+per-block"]["peak_bytes"]), budget, times,
+                         one_device=True)
+    ran = rows["sac+compile@compile+per-op"]
+    assert ran["peak_bytes"] < 0.94 * budget
+    assert plan.offloaded and plan.offload_stall_ms == 0
+    assert 0.98 * budget <= plan.compiled_peak_bytes <= budget
+    assert plan.compiled_extra_ms < ran["details"]["plan"]["compiled_extra_ms"] - 5
