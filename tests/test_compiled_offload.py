@@ -156,7 +156,7 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
     faster with the copies hidden, past what compiled offload plans were measured to miss by (the 2.2% margin): the
     planner offloads. It peaks in the AdamW step, as the measured set does, with no more bytes: it fits by
     measurement, within the measured peak though above the planning headroom's budget (searched to fill that
-    budget, not to stay under the held bytes). With a margin above the gain it recomputes."""
+    budget, not to stay under the held bytes). With a margin above every offloading plan's gain it recomputes."""
     profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
     times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # tests/test_plan_compiled.py's H200 run
     budget = with_headroom(measured, COMPILED_HEADROOM)
@@ -170,7 +170,8 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
     assert acstudio_compiled.OFFLOAD_MARGIN < gain < 0.03
     policy = sac.SacPolicy.from_plan(profile, offloads.recomputed, offloads.offloaded, offloads.replay_mode)
     assert policy.regions and policy.offload_bytes == offloads.offload_bytes
-    monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", gain + 0.001)
+    # the fastest offloading plan is at most OFFLOAD_TIE of the step faster than the one taken
+    monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", gain + acstudio_compiled.OFFLOAD_TIE + 0.001)
     kept = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, measured_budget=measured)
     assert kept.replay_mode == "sac" and not kept.offloaded
     assert kept.compiled_extra_ms == recompute.compiled_extra_ms

@@ -400,10 +400,10 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     fastest plan that runs the first K blocks compiled one by one with what they save offloaded (the sac-compiled
     mode's offload), over K = 1, 2, ...
 
-    The margin weighs offloading against recomputing only, the choice whose error it covers. Among offloading
-    plans, the one that moves the fewest bytes of those within ``OFFLOAD_TIE`` of the step of the fastest (with
-    the margin between them too, the search stopped at the first K past it: BERT seq 512 ran 5 blocks where 6
-    were predicted 11 ms faster). Each K's plan is searched to fill the budget (:func:`filled_with_regions`). The
+    The margin weighs offloading against recomputing only, the choice whose error it covers. Of the offloading
+    plans past it, the one that moves the fewest bytes of those within ``OFFLOAD_TIE`` of the step of the fastest
+    (with the margin between them too, the search stopped at the first K past it: BERT seq 512 ran 5 blocks where
+    6 were predicted 11 ms faster). Each K's plan is searched to fill the budget (:func:`filled_with_regions`). The
     search stops at the first K whose copies stall: the copies out run one after another, so more blocks only queue
     more of them.
 
@@ -437,10 +437,10 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     if not candidates:
         return found
     fastest = min(p.predicted_extra_ms for p in candidates)
-    tie_ms = OFFLOAD_TIE * ctx.profile.iteration_ms
-    chosen = min((p for p in candidates if p.predicted_extra_ms <= fastest + tie_ms), key=lambda p: p.offload_bytes)
-    margin_ms = OFFLOAD_MARGIN * ctx.profile.iteration_ms
-    return chosen if chosen.predicted_extra_ms < found.predicted_extra_ms - margin_ms else found
+    tie_ms, margin_ms = OFFLOAD_TIE * ctx.profile.iteration_ms, OFFLOAD_MARGIN * ctx.profile.iteration_ms
+    taken = [p for p in candidates if p.predicted_extra_ms <= fastest + tie_ms
+             and p.predicted_extra_ms < found.predicted_extra_ms - margin_ms]
+    return min(taken, key=lambda p: p.offload_bytes) if taken else found
 
 
 FILL_ROUNDS = 4  # searches per K after the first: BERT's grid shapes come within 1% of the budget in two or three
