@@ -391,3 +391,27 @@ def test_an_offloading_compiled_plan_is_searched_to_fill_its_budget():
     assert plan.offloaded and plan.offload_stall_ms == 0
     assert 0.98 * budget <= plan.compiled_peak_bytes <= budget
     assert plan.compiled_extra_ms < ran["details"]["plan"]["compiled_extra_ms"] - 5
+
+
+def test_the_timeline_draws_every_copy_a_region_makes_one_lane_each_way():
+    """Besides activations, a region runtime copies what its block saves for the replays around it (BERT: the two
+    dropouts' outputs each layer keeps for its recomputed residual adds). Those copies share the lanes with the
+    activations', so the timeline draws them too: every copy the step makes, one after another on each lane."""
+    from acstudio.plan.model import Plan
+    from acstudio.views.timeline import TimelineAxis, copy_spans
+
+    profile = Profile.load("results/probes/bert-s512.compiled-offload.profile.json.gz")
+    plan = Plan.load("results/probes/bert-s512.compiled-offload.plan.json")
+    ctx = PlanContext(profile)
+    regions = sac.SacPolicy.from_plan(profile, plan.recomputed, plan.offloaded, plan.replay_mode).regions
+    held = sac_blocks(ctx.sim).region_held(ctx.sim.indices(plan.recomputed), list(regions))
+    result = get_mode(TIMED_MODE).simulate(ctx.sim, plan.recomputed, [ctx.rg.act_ids[k] for k in held])
+    offload = result.offload
+    assert len(offload.saved_bytes) == 2 * len(regions) and offload.saved_bytes.min() > 0
+    d2h, h2d = copy_spans(TimelineAxis.of(profile, "time"), result)
+    assert len(d2h) == len(h2d) == len(offload.bytes) + len(offload.saved_bytes)
+    for times in (np.concatenate([offload.d2h, offload.saved_d2h]), np.concatenate([offload.h2d, offload.saved_h2d])):
+        ordered = times[np.argsort(times[:, 0])]
+        assert (ordered[1:, 0] >= ordered[:-1, 1] - 1e-9).all()  # one copy at a time on a lane
+        assert np.allclose(np.sort(ordered[:, 1] - ordered[:, 0]), np.sort(
+            profile.link.copy_ms(np.concatenate([offload.bytes, offload.saved_bytes]))))

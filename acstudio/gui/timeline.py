@@ -237,8 +237,8 @@ class TimelineView(QWidget):
             plot.hide()
         lanes.getPlotItem().getAxis("left").setTicks([[(y, label) for y, label in LANES.values()]])
         lanes.setYRange(0, 2, padding=0)
-        lanes.setToolTip("Copies of offloaded activations: to the host after forward, back before backward "
-                         "(one copy stream each way)")
+        lanes.setToolTip("Copies of offloaded activations, and of what a block compiled alone saves beside them: to "
+                         "the host after forward, back before backward (one copy stream each way)")
         self.copy_bars = {lane: pg.BarGraphItem(x0=[], x1=[], y0=[], height=[], brush=pg.mkBrush(*colour),
                                                 pen=pg.mkPen("w", width=1)) for lane in LANES}
         for bars in self.copy_bars.values():

@@ -127,12 +127,15 @@ class OffloadSchedule:
     stall_ms: float
     waits: np.ndarray
     issue_ms: float = 0.0
-    # the copies of storages that are no activation (SavedCopies), each with its release and prefetch node
+    # the copies of storages that are no activation (SavedCopies), each with its release and prefetch node and
+    # its copies' times
     saved_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     saved_release: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     saved_prefetch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     saved_ready: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     saved_needed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    saved_d2h: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    saved_h2d: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     # (replay schedule, its (peak, position, during a replay)) where the mode evaluated these copies beside it
     evaluated: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -282,7 +285,8 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
     act, other = ks_arr >= 0, ks_arr < 0
     return OffloadSchedule(ks_arr[act], nbytes[act], ready[act], release[act], prefetch[act], first_bw[act],
                            needed[act], by_replay[act], d2h[act], h2d[act], float(delay), waits, float(later[-1]),
-                           nbytes[other], release[other], prefetch[other], ready[other], needed[other])
+                           nbytes[other], release[other], prefetch[other], ready[other], needed[other], d2h[other],
+                           h2d[other])
 
 
 @dataclass

@@ -87,12 +87,14 @@ def lifetime_marks(profile: Profile, plan: Plan | None, activation_id: str,
 
 def copy_spans(axis: TimelineAxis, result: SimResult) -> tuple[np.ndarray, np.ndarray]:
     """The device-to-host and the host-to-device copies of the simulated step ``result`` (one that offloads) as
-    (copies, 2) spans on ``axis``: a time in the step is drawn at the node running then, on the simulator's clock
+    (copies, 2) spans on ``axis``, the offloaded activations' first and then the other storages a region runtime
+    copies (they share the lanes): a time in the step is drawn at the node running then, on the simulator's clock
     (the recomputations before a node, and the waits for late copies there, at its left edge)."""
-    clock = result.clock
+    clock, offload = result.clock, result.offload
     times = np.append(np.column_stack([clock.issue, clock.start]).ravel(), clock.step_ms)
     xs = np.append(np.repeat(axis.edges[:-1], 2), axis.edges[-1])
-    return np.interp(result.offload.d2h, times, xs), np.interp(result.offload.h2d, times, xs)
+    return (np.interp(np.concatenate([offload.d2h, offload.saved_d2h]), times, xs),
+            np.interp(np.concatenate([offload.h2d, offload.saved_h2d]), times, xs))
 
 
 def node_time_text(result: SimResult, i: int) -> str:
