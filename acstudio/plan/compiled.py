@@ -396,9 +396,9 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
 
 def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budget: int, solver: str,
                         cancel: CancelToken | None, measured: Plan | None = None) -> Plan:
-    """``found`` or, where one is faster within ``budget`` (compiled memory) by ``OFFLOAD_MARGIN`` of the step, the
-    fastest plan that runs the first K blocks compiled one by one with what they save offloaded (the sac-compiled
-    mode's offload), over K = 1, 2, ...
+    """``found`` or, where one is faster within ``budget`` (compiled memory) by ``OFFLOAD_MARGIN`` of the step, a
+    plan that runs the first K blocks compiled one by one with what they save offloaded (the sac-compiled mode's
+    offload), over K = 1, 2, ...
 
     The margin weighs offloading against recomputing only, the choice whose error it covers. Of the offloading
     plans past it, the one that moves the fewest bytes of those within ``OFFLOAD_TIE`` of the step of the fastest
@@ -443,7 +443,7 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     return min(taken, key=lambda p: p.offload_bytes) if taken else found
 
 
-FILL_ROUNDS = 4  # searches per K after the first: BERT's grid shapes come within 1% of the budget in two or three
+FILL_ROUNDS = 4  # searches per K: the K chosen on BERT's grid shapes comes within 1% of the budget in two or three
 
 
 def filled_with_regions(ctx: PlanContext, timed: PlanContext, found: Plan, regions: list[str], budget: int,
