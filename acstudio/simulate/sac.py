@@ -468,7 +468,7 @@ class SacBlocks:
         every block): a block compiled on its own saves what it made and its arguments, so each may save it. Its
         maker does not where ``k`` only passes through it (neither read nor saved there): the embeddings' output,
         which only the first block reads, is held by that block alone (measured: the runtime offloads it with
-        the first region; results/grid/bert-s512.compiled.json)."""
+        the first region; results/superseded/grid-bert-s512.compiled-h100-uncounted-copies.json)."""
         readers = [self.block[i] for i in self.outside_readers.get(k, ())]
         maker = [] if self.passes_through[k] and readers else [self.act_block[k]]
         return list(dict.fromkeys([*maker, *readers]))
@@ -508,7 +508,8 @@ class SacBlocks:
         dropout's output, which the recomputed residual add reads) of at least :data:`REGION_MIN_BYTES`. Copied
         out when the block's forward ends, needed back when its backward starts. Measured on BERT: two such
         outputs per layer, 1152 MiB over six offloaded layers that the plan had not counted
-        (results/grid/bert-s512.compiled.json, ``offload_bytes_measured``)."""
+        (results/superseded/grid-bert-s512.compiled-h100-uncounted-copies.json, ``offload_bytes_measured``); counted,
+        the H200 reruns copied exactly the planned bytes (results/grid/bert-s*.compiled.json)."""
         copies = [(r, max(self.fw_nodes[b]), self.replay_at[b]) for b in regions if b in self.replay_at
                   for r in schedule.saved_rows.get(b, ()) if schedule.cached[r, 2] >= REGION_MIN_BYTES]
         if not copies:
