@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_sac import dropout_free_gpt2, train
 
-from acstudio.bench.steps import COMPILED_HEADROOM, compiled_plan, with_headroom
+from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
 from acstudio.errors import Cancelled, ProfileFileError
 from acstudio.export import apply as apply_module
 from acstudio.export import sac
@@ -373,24 +373,24 @@ def test_the_grid_rows_planned_with_every_copy_counted_copy_what_they_planned(sh
     assert abs(row["peak_bytes"] / plan["compiled_peak_bytes"] - 1) < 0.01
 
 
-def test_an_offloading_compiled_plan_is_searched_to_fill_its_budget():
-    """BERT seq 512's compiled grid row (H200, 2026-11-28) ran a plan whose recompute set was searched at the
-    budget plus the bytes its regions hold: it peaked at 93.8% of the budget, as predicted (+0.05%), and ran +13.8
-    ms over compile. Searched until the priced plan's peak meets the budget, the plan from that run's profile and
-    calibration rows predicts a compiled peak of at least 98% of it (issue 27) and recomputes less."""
+@pytest.mark.parametrize("shape", ["bert-s512", "bert-s1024", "bert-s2048"])
+def test_an_offloading_compiled_plan_searched_to_fill_its_budget_fills_it_on_the_gpu(shape):
+    """Issue 27: a compiled plan uses the budget it is given. BERT's compiled grid rows first ran plans whose
+    recompute set was searched at the budget plus the bytes their regions hold: 92.6-95.4% of the budget (H200,
+    2026-11-28, now in results/superseded). Searched until the priced peak, every region copy counted, meets the
+    budget, the reruns on the same card peak at 97.5-98.7% of it, as predicted, and run faster."""
     from acstudio.bench.results import BenchResults
 
-    rows = {r["config"]: r for r in BenchResults.load("results/grid/bert-s512.compiled.json").rows}
-    profile = Profile.load("results/grid/profiles/bert-s512.compiled.json.gz")
-    times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")))
-    budget = int(rows["compile+per-op"]["peak_bytes"])
-    plan = compiled_plan(profile, budget, int(rows["compile+per-block"]["peak_bytes"]), budget, times,
-                         one_device=True)
-    ran = rows["sac+compile@compile+per-op"]
-    assert ran["peak_bytes"] < 0.94 * budget
-    assert plan.offloaded and plan.offload_stall_ms == 0
-    assert 0.98 * budget <= plan.compiled_peak_bytes <= budget
-    assert plan.compiled_extra_ms < ran["details"]["plan"]["compiled_extra_ms"] - 5
+    def measured(path):
+        rows = {r["config"]: r for r in BenchResults.load(path).rows}
+        ours, peer = rows["sac+compile@compile+per-op"], rows["compile+per-op"]
+        return ours["peak_bytes"] / peer["peak_bytes"], ours["time_ms_median"] / peer["time_ms_median"], ours
+
+    before_fill, before_step, _ = measured(f"results/superseded/grid-{shape}.compiled-before-fill.json")
+    filled, step, row = measured(f"results/grid/{shape}.compiled.json")
+    assert before_fill < 0.96 and 0.97 <= filled <= 1
+    assert abs(row["peak_bytes"] / row["details"]["plan"]["compiled_peak_bytes"] - 1) < 0.002
+    assert step < before_step - 0.015
 
 
 def test_the_timeline_draws_every_copy_a_region_makes_one_lane_each_way():
