@@ -11,6 +11,8 @@ the host's time to issue one node of the whole step, ``Profile.node_issue_ms``):
   device|host max(d, h) for a node that runs    whichever of device and host limits the node
   device+gap  d + (t - d) * s, s = (T - sum d) / sum(t - d): the step's time beyond the device's own work spread
               over the nodes as their launch gaps were
+  device*T    d * T / sum(d)                    device times scaled to the step, as ``scaled`` scales node times:
+              kernels that overlap or run faster inside the step (sum d > T) or a host that stretches it (sum d < T)
 
 Usage: PYTHONPATH=. python3 benchmarks/replay_pricing.py BENCH_JSON PROFILE [BENCH_JSON PROFILE ...]
 (a grid shape's eager part: results/grid/SHAPE.eager.json results/grid/profiles/SHAPE.eager.json.gz). Runs on a CPU.
@@ -40,7 +42,7 @@ def prices(profile: Profile) -> dict[str, np.ndarray]:
     spread = min(max((profile.iteration_ms - d.sum()) / gaps, 0.0), 1.0) if gaps > 0 else 0.0
     return {"scaled": t * profile.time_scale, "device": d,
             "device|host": np.where(runs, np.maximum(d, profile.node_issue_ms), 0.0),
-            "device+gap": d + (t - d) * spread}
+            "device+gap": d + (t - d) * spread, "device*T": d * profile.iteration_ms / d.sum()}
 
 
 def main(args: list[str]) -> int:
