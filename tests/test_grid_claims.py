@@ -51,3 +51,28 @@ def test_the_readmes_best_and_worst_shapes_are_the_grids(grid):
     assert "1.002 (the 1B decoder at seq 1024" in readme and "1.001 at seq 512 on the\nH200" in readme
     assert "0.981 (GPT-2 seq 512" not in readme and "4.4-5.8% under the prediction" not in readme
     assert all(abs(r.peak_error_pct) < 1 for ratios in grid.values() for r in ratios.values())
+
+
+def test_every_grid_rows_step_is_predicted_within_3_percent():
+    """Issue 27: time predicted within 3% on every grid row, eager and compiled. A rewritten row's predicted step
+    is the captured step (the graph run as captured, in the same run) plus its plan's predicted extra time; a
+    compiled row's, compile's step plus its compiled extra time. Rows of runs older than the captured row are not
+    checked (the grid's first files). The worst, 1.9% fast: the 953M decoder at seq 2048 compiled."""
+    import json
+
+    errors = {}
+    for path in sorted((ROOT / "results" / "grid").glob("*.json")):
+        rows = {r["config"]: r for r in json.loads(path.read_text())["rows"] if r["status"] == "ok"}
+        for name, row in rows.items():
+            plan = (row.get("details") or {}).get("plan")
+            if plan is None:
+                continue
+            if row["kind"] == "rewritten" and "captured" in rows:
+                predicted = rows["captured"]["time_ms_median"] + plan["predicted_extra_ms"]
+            elif plan.get("compiled_extra_ms") is not None and "compile" in rows:
+                predicted = rows["compile"]["time_ms_median"] + plan["compiled_extra_ms"]
+            else:
+                continue
+            errors[f"{path.stem}: {name}"] = predicted / row["time_ms_median"] - 1
+    assert len(errors) >= 35
+    assert max(abs(e) for e in errors.values()) < 0.03, {k: round(e, 4) for k, e in errors.items() if abs(e) >= 0.03}
