@@ -248,7 +248,7 @@ def cmd_plan(args) -> int:
                                 "more than checkpointing every block — give the peaks `acstudio bench --configs "
                                 "compile+per-block,compile+per-op` measured")
         result = plan_compiled(ctx, budget, measured, args.solver, cancel=args.cancel, times=times,
-                               measured_per_op_peak=per_op)
+                               measured_per_op_peak=per_op, progress=TerminalProgress())
     elif args.compiled_step_ms or args.compiled_per_op_peak:
         flag = "--compiled-step-ms" if args.compiled_step_ms else "--compiled-per-op-peak"
         raise ACStudioError(f"{flag} calibrates a plan for torch.compile — give --compiled-per-block-peak too")

@@ -150,6 +150,21 @@ def test_the_compiled_planner_offloads_blocks_where_that_is_faster_by_its_margin
     assert not kept.offloaded and kept.compiled_extra_ms == cheap.compiled_extra_ms > 0
 
 
+def test_a_compiled_plan_reports_its_offload_search_block_by_block():
+    """Planning for torch.compile with offload searches each K of the first K blocks offloaded (on BERT-base a
+    minute or more on a CPU): the progress callback hears of the recompute-only search, then of each K in turn,
+    then of the end, so the CLI's bar moves and ends on its own line."""
+    _, profile = workload()
+    times = CompiledTimes(profile.iteration_ms, profile.iteration_ms * 5, profile.iteration_ms * 7 / 3)
+    seen = []
+    plan_compiled(PlanContext(profile, offload=True), int(profile.peak_bytes * 0.7), int(profile.peak_bytes * 0.6),
+                  times=times, progress=lambda done, total, message: seen.append((done, total, message)))
+    searched = [(done, total) for done, total, message in seen if "blocks offloaded" in message]
+    assert seen[0][:2] == (0, 1) and seen[-1][:2] == (1, 1)
+    assert searched == [(k, len(sac_blocks(PlanContext(profile).sim).blocks) - 1) for k in range(len(searched))]
+    assert len(searched) >= 2 and len(seen) == len(searched) + 2
+
+
 def test_the_fill_search_leaves_less_than_1_percent_of_the_budget_unused_on_bert():
     """An offloading plan's recompute set is searched at the budget plus a shift, the memory its offload takes
     off the peak, which no formula gives (issue 27: a compiled plan uses the budget it is given). On BERT seq 1024's

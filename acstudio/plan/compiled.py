@@ -83,7 +83,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acstudio.errors import ACStudioError
-from acstudio.jobs import CancelToken
+from acstudio.jobs import CancelToken, ProgressFn, report
 from acstudio.plan.baselines import MATMULS, is_attention, node_blocks, per_module, per_op, torchtitan_saved
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
@@ -321,7 +321,8 @@ def with_compiled_frees(ctx: PlanContext, chosen: Plan, recomputed: list[str]) -
 
 def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, solver: str = DEFAULT_SOLVER,
                   cancel: CancelToken | None = None, times: CompiledTimes | None = None,
-                  measured_per_op_peak: int | None = None, measured_budget: int | None = None) -> Plan:
+                  measured_per_op_peak: int | None = None, measured_budget: int | None = None,
+                  progress: ProgressFn | None = None) -> Plan:
     """The fastest plan whose compiled peak fits ``budget``: planned in the compiled memory at ``budget`` plus
     the offset. Its ``predicted_peak_bytes`` stays the SAC mode's eager prediction, and ``compiled_offset_bytes``
     what the compiled step holds less than that (the calibrated offset plus what only eager SAC's cache holds at
@@ -338,7 +339,11 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     measurement and is planned at ``measured_budget`` itself, where the calibration predicts it at exactly that
     peak; it is returned where it is predicted faster than the plan found under ``budget``. Without this, at
     compile+per-op's own peak the headroom ruled out the peer's own set, and the plans that fit beneath it replayed
-    a little more (GPT-2: 1.005 of compile+per-op's step, 1.7 ms beyond the IQRs)."""
+    a little more (GPT-2: 1.005 of compile+per-op's step, 1.7 ms beyond the IQRs).
+
+    ``progress`` hears of the recompute-only search, then of each K the offload search tries (on BERT-base, a
+    minute or more on a CPU)."""
+    report(progress, 0, 1, "planning for torch.compile: recompute only")
     offset = compiled_offset(ctx, measured_per_block_peak, measured_per_op_peak, budget)
     why = f"calibrated on compile+per-block's measured {format_bytes(measured_per_block_peak)}"
     if measured_per_op_peak is not None:
@@ -381,7 +386,8 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
             if per_block.feasible:
                 fits_measured = (per_block, at_measured)
     offloads = with_region_offload(ctx, timed, found, budget + offset, solver, cancel,
-                                   measured=fits_measured[0] if fits_measured else None)
+                                   measured=fits_measured[0] if fits_measured else None, progress=progress)
+    report(progress, 1, 1, "planned for torch.compile")
     if fits_measured is not None and (offloads is fits_measured[0] or not offloads.feasible):
         # it fits by measurement: planned at the budget without headroom, as the measured plan was
         at_measured = fits_measured[1]
@@ -395,7 +401,8 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
 
 
 def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budget: int, solver: str,
-                        cancel: CancelToken | None, measured: Plan | None = None) -> Plan:
+                        cancel: CancelToken | None, measured: Plan | None = None,
+                        progress: ProgressFn | None = None) -> Plan:
     """``found`` or, where one is faster within ``budget`` (compiled memory) by ``OFFLOAD_MARGIN`` of the step, a
     plan that runs the first K blocks compiled one by one with what they save offloaded (the sac-compiled mode's
     offload), over K = 1, 2, ...
@@ -426,6 +433,7 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     for k in range(1, len(blocks.blocks)):
         if cancel is not None:
             cancel.raise_if_cancelled()
+        report(progress, k - 1, len(blocks.blocks) - 1, f"planning for torch.compile: the first {k} blocks offloaded")
         offloaded = filled_with_regions(ctx, timed, found, blocks.blocks[:k], budget, solver, cancel, fits)
         if offloaded is None:
             continue
