@@ -83,7 +83,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acstudio.errors import ACStudioError
-from acstudio.jobs import CancelToken, ProgressFn, report
+from acstudio.jobs import CancelToken, ProgressFn, check, report
 from acstudio.plan.baselines import MATMULS, is_attention, node_blocks, per_module, per_op, torchtitan_saved
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
@@ -431,8 +431,7 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
 
     candidates = []
     for k in range(1, len(blocks.blocks)):
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        check(cancel)
         report(progress, k - 1, len(blocks.blocks) - 1, f"planning for torch.compile: the first {k} blocks offloaded")
         offloaded = filled_with_regions(ctx, timed, found, blocks.blocks[:k], budget, solver, cancel, fits)
         if offloaded is None:
