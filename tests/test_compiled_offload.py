@@ -169,8 +169,8 @@ def test_the_fill_search_leaves_less_than_1_percent_of_the_budget_unused_on_bert
     """An offloading plan's recompute set is searched at the budget plus a shift, the memory its offload takes
     off the peak, which no formula gives (issue 27: a compiled plan uses the budget it is given). On BERT seq 1024's
     grid profile (H200), offloading its first 5 layers, 4 plain moves of the shift by the unused bytes stopped 2.2%
-    under the budget (the plan that ran peaked at 97.5% of compile+per-op's peak); solved for by secant steps and
-    bisection, the shift gives a plan that fits with less than 1% of the budget unused."""
+    under the budget (the plan that ran on them peaked at 97.5% of compile+per-op's peak); solved for by secant steps
+    and bisection, the shift gives a plan that fits with less than 1% of the budget unused (it ran at 99.2%)."""
     from acstudio.bench.results import BenchResults
 
     rows = {r["config"]: r for r in BenchResults.load("results/grid/bert-s1024.compiled.json").rows}
@@ -416,7 +416,8 @@ def test_an_offloading_compiled_plan_searched_to_fill_its_budget_fills_it_on_the
     """Issue 27: a compiled plan uses the budget it is given. BERT's compiled grid rows first ran plans whose
     recompute set was searched at the budget plus the bytes their regions hold: 92.6-95.4% of the budget (H200,
     2026-11-28, now in results/superseded). Searched until the priced peak, every region copy counted, meets the
-    budget, the reruns on the same card peak at 97.5-98.7% of it, as predicted, and run faster."""
+    budget (by secant steps and bisection), the reruns on the same card peak at 98.7-99.2% of it, as predicted, and
+    run faster."""
     from acstudio.bench.results import BenchResults
 
     def measured(path):
@@ -426,7 +427,7 @@ def test_an_offloading_compiled_plan_searched_to_fill_its_budget_fills_it_on_the
 
     before_fill, before_step, _ = measured(f"results/superseded/grid-{shape}.compiled-before-fill.json")
     filled, step, row = measured(f"results/grid/{shape}.compiled.json")
-    assert before_fill < 0.96 and 0.97 <= filled <= 1
+    assert before_fill < 0.96 and 0.98 <= filled <= 1
     assert abs(row["peak_bytes"] / row["details"]["plan"]["compiled_peak_bytes"] - 1) < 0.002
     assert step < before_step - 0.015
 
