@@ -6,7 +6,10 @@
   the last in-place op on its storage), and copies run one after another on that stream;
 * the device memory is freed before the first node ``release[k]`` after its last forward use that starts once
   the copy has ended (the rewritten step makes the compute stream wait for the copy there, then drops the
-  tensor); if no node starts after it before ``k`` is needed again, the step waits for the copy there;
+  tensor); if no node starts after it before ``k`` is needed again, the step waits for the copy there. Where the
+  copies fill the link, that wait makes the step as slow as the link: so ``release`` (and ``prefetch``, below)
+  are placed as if every copy took :data:`LINK_SLACK` longer than priced, and the step is priced at the link's
+  measured rate;
 * ``k`` is needed again before node ``needed[k]``: its first backward use, or, if earlier, the first replay
   (recomputation) that reads it as a source, which then waits for the copy before the replays inserted there
   run (``by_replay[k]``);
@@ -47,6 +50,15 @@ from acstudio.simulate.replay import FORWARD_REGIONS, is_inplace
 # Smaller activations are not offloaded: a copy's launch costs more than the bytes it frees (torchtune's
 # min_offload_size).
 MIN_OFFLOAD_BYTES = 1024
+# How much slower than measured the link may run before a planned copy holds up the step. The planner lays copies
+# out to the end of the forward with nothing to spare: the 953M decoder at seq 1024 (H200, 2026-11-28) freed each
+# activation 0.02 ms (median) after its copy was priced to end, and its three offloading rows ran 3.7-6.4 ms over
+# their prediction, what a link 5% slower than profiled costs those plans; planned with this slack, the plans at
+# seq 1024 and 2048 run no slower on a link up to 10% slower, for 0.5-1.4 ms more predicted (tests/test_offload.py).
+# Two profiles on the same H200 measured the link both ways at 45.7 and 49.8 GB/s. Copies of regions (a compiled
+# block's saved tensors) keep no slack: their runtime hands each storage back with ``record_stream``, so a late copy
+# delays when its memory is reused, never compute.
+LINK_SLACK = 0.10
 
 
 class OffloadFacts:
@@ -220,20 +232,22 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
         ks = ks_arr.tolist()
     need_ms = np.where(by_replay, issue[needed], start[needed])
 
-    # Planned out-copies (no stalls), then the first node after each that starts once it has ended.
+    # Planned out-copies (no stalls, each LINK_SLACK longer), then the first node after each that starts once it
+    # has ended.
     m = len(ks)
     took = duration.tolist()
+    planned_ms = took if regions is not None else (duration * (1 + LINK_SLACK)).tolist()
     d2h_end = [0.0] * m
     lane = 0.0
     for j, ready_end in enumerate(end[ready].tolist()):
-        lane = d2h_end[j] = max(ready_end, lane) + took[j]
+        lane = d2h_end[j] = max(ready_end, lane) + planned_ms[j]
     release = np.clip(np.searchsorted(issue, d2h_end, side="left"), last_fw + 1, needed)
     # In-copies laid back to back from the end, each landing by the time it is needed.
     h2d_begin = [0.0] * m
     lane = np.inf
     need = need_ms.tolist()
     for j in np.lexsort((ks_arr, made, need_ms))[::-1].tolist():
-        lane = h2d_begin[j] = min(need[j], lane) - took[j]
+        lane = h2d_begin[j] = min(need[j], lane) - planned_ms[j]
     prefetch = np.clip(np.searchsorted(issue, h2d_begin, side="right") - 1, release, needed)
     if regions is not None:
         prefetch = np.clip(regions.snap(prefetch, first_bw), release, needed)
