@@ -11,10 +11,19 @@ Usage: PYTHONPATH=. python3 benchmarks/probes/compiled_form_peak.py OUT RESULT_J
   results/probes/gpt2-s512.compiled.profile.json.gz). Writes OUT/compiled_form_peak.txt.
 Output: results/probes/compiled_form_peak_h100.txt (GPT-2 seq 512 bs32, where our form of torchtitan's set peaked
 6.7 MiB over the policy's in a grid run).
+
+With ``PROBE_OFFLOAD_MARGIN`` (a share of the step, e.g. 0.01) the sac configuration runs the bench's own plan, as
+the grid row ran it (the planning headroom kept), with ``acstudio.plan.compiled.OFFLOAD_MARGIN`` set so: where the
+memory of an offloading plan (blocks compiled one by one, what they save on the host) sits at its peak. GPT-2 seq
+512's such plan peaked 3.4% over its prediction (H200):
+  PYTHONPATH=. PROBE_OFFLOAD_MARGIN=0.01 python3 benchmarks/probes/compiled_form_peak.py OUT \
+      results/superseded/grid-gpt2-s512.compiled-offload-margin-1pct.json \
+      results/probes/gpt2-s512.compiled-offload-margin-1pct.profile.json.gz
 """
 
 import collections
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -67,7 +76,12 @@ def measure_one(cfg: dict) -> dict:
     from acstudio.bench import worker
 
     torch.cuda.memory._record_memory_history(max_entries=3_000_000, stacks="python")
-    if cfg.get("task_plan"):  # our SAC form of torchtitan's own set, planned at compile+per-op's peak itself
+    if "offload_margin" in cfg:  # the bench's own plan, offloading past this margin
+        from acstudio.plan import compiled
+
+        compiled.OFFLOAD_MARGIN = cfg["offload_margin"]
+        worker.plan_ahead_of(cfg)
+    elif cfg.get("task_plan"):  # our SAC form of torchtitan's own set, planned at compile+per-op's peak itself
         from acstudio.bench import steps
         from acstudio.plan import compiled
 
@@ -110,7 +124,9 @@ def configs(result: dict, profile: Path, tmp: Path) -> list[dict]:
         cfg = {"spec": row["spec"], "config": name, "device": "cuda", "warmup": row["warmup"] - 5, "iters": 2,
                "profile_path": str(plan_dir_profile), "compile_backend": "inductor"}
         if row["kind"] == "sac+compile":
-            cfg |= {"budget": f"{ours['details']['budget_bytes']}B", "task_plan": True,
+            margin = os.environ.get("PROBE_OFFLOAD_MARGIN")
+            cfg |= {"offload_margin": float(margin)} if margin else {"task_plan": True}
+            cfg |= {"budget": f"{ours['details']['budget_bytes']}B",
                     "compiled_per_block_peak": f"{rows['compile+per-block']['peak_bytes']}B",
                     "compiled_per_op_peak": f"{rows['compile+per-op']['peak_bytes']}B",
                     "compiled_step_ms": ",".join(repr(t) for t in times)}
