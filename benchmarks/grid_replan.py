@@ -1,18 +1,21 @@
-"""Which of the grid's compiled rows does today's planner still make? For each shape's compiled part, the plan is
-made again from the run's profile and calibration rows as ``acstudio bench`` made it
-(``acstudio.bench.steps.compiled_plan`` at compile+per-op's measured peak, on one device, so it may offload), and
-set against the plan the run measured: the same compiled extra time and offloaded bytes, or not. A row whose plan
-differs is out of date: rerun its shape (``benchmarks/grid.sh SHAPE OUT compiled``) before quoting it as today's.
+"""Which of the grid's rows does today's planner still make? For each shape's compiled part, the plan is made again
+from the run's profile and calibration rows as ``acstudio bench`` made it (``acstudio.bench.steps.compiled_plan`` at
+compile+per-op's measured peak, on one device, so it may offload), and set against the plan the run measured: the
+same compiled extra time and offloaded bytes, or not. Likewise each eager part whose profile is committed: its
+rewritten rows planned again at their budgets less bench's headroom, as ``prepare_rewritten`` plans them. A part
+whose plans differ is out of date: rerun it (``benchmarks/grid.sh SHAPE OUT compiled|eager``) before quoting it as
+today's.
 
 Usage: PYTHONPATH=. python3 benchmarks/grid_replan.py [SHAPE ...]   (default: every shape in results/grid)
-Runs on a CPU, about a minute a shape.
+Runs on a CPU, about a minute a part.
 """
 
 import json
 import sys
 from pathlib import Path
 
-from acstudio.bench.steps import compiled_plan
+from acstudio.bench.steps import compiled_plan, with_headroom
+from acstudio.plan import plan as plan_budget
 from acstudio.plan.compiled import CompiledTimes
 from acstudio.profile.model import Profile
 
@@ -36,9 +39,30 @@ def replan(shape: str) -> str:
             f"{ran.get('offload_bytes', 0) / GiB:5.2f} GiB, +{ran['compiled_extra_ms']:.2f} ms predicted")
 
 
+def replan_eager(shape: str) -> str:
+    """The eager part's rewritten rows planned again, each ``predicted / measured plan's predicted`` extra time."""
+    rows = json.loads((GRID / f"{shape}.eager.json").read_text())["rows"]
+    profile = Profile.load(GRID / "profiles" / f"{shape}.eager.json.gz")
+    same, cells = True, []
+    for row in rows:
+        if row["kind"] != "rewritten" or row["status"] != "ok":
+            continue
+        ran = row["details"]["plan"]
+        plan = plan_budget(profile, with_headroom(row["details"]["budget_bytes"]))
+        same &= abs(plan.predicted_extra_ms - ran["predicted_extra_ms"]) < 1e-6 and plan.offload_bytes == ran.get(
+            "offload_bytes", 0)
+        cells.append(f"{row['arg']} +{plan.predicted_extra_ms:.2f} / +{ran['predicted_extra_ms']:.2f} ms "
+                     f"({plan.offload_bytes / GiB:.2f} / {ran.get('offload_bytes', 0) / GiB:.2f} GiB)")
+    verdict = "current" if same else "OUT OF DATE"
+    return f"{shape + ' eager':16s} {verdict:11s} today / measured plan: " + "; ".join(cells)
+
+
 def main(shapes: list[str]) -> int:
-    for shape in shapes or sorted(p.name.split(".")[0] for p in GRID.glob("*.compiled.json")):
-        print(replan(shape), flush=True)
+    for shape in shapes or sorted({p.name.split(".")[0] for p in GRID.glob("*.json")}):
+        if (GRID / f"{shape}.compiled.json").is_file():
+            print(replan(shape), flush=True)
+        if (GRID / "profiles" / f"{shape}.eager.json.gz").is_file():
+            print(replan_eager(shape), flush=True)
     return 0
 
 
