@@ -199,8 +199,8 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
     times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # tests/test_plan_compiled.py's H200 run
     budget = with_headroom(measured, COMPILED_HEADROOM)
     recompute = plan_compiled(PlanContext(profile), budget, measured, times=times, measured_budget=measured)
-    offloads = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
-                             measured_budget=measured)
+    ctx = PlanContext(profile, offload=True)  # shared with the last plan: what both search is searched once
+    offloads = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
     assert recompute.replay_mode == "sac" and not recompute.offloaded
     assert offloads.replay_mode == TIMED_MODE and offloads.offloaded and offloads.offload_stall_ms == 0
     assert offloads.feasible and offloads.compiled_peak_bytes <= measured == offloads.budget_bytes
@@ -210,7 +210,7 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
     assert policy.regions and policy.offload_bytes == offloads.offload_bytes
     # the fastest offloading plan is at most OFFLOAD_TIE of the step faster than the one taken
     monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", gain + acstudio_compiled.OFFLOAD_TIE + 0.001)
-    kept = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, measured_budget=measured)
+    kept = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
     assert kept.replay_mode == "sac" and not kept.offloaded
     assert kept.compiled_extra_ms == recompute.compiled_extra_ms
 
@@ -230,12 +230,12 @@ def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_
     measured = int(rows["compile+per-block"]["peak_bytes"])
     assert int(rows["compile+per-op"]["peak_bytes"]) == measured  # bench passes no second peak then
     budget = with_headroom(measured, COMPILED_HEADROOM)
-    plan = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times, measured_budget=measured)
+    ctx = PlanContext(profile, offload=True)  # shared: what the two plans search in common is searched once
+    plan = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
     assert not plan.offloaded and plan.feasible and plan.compiled_peak_bytes <= measured == plan.budget_bytes
     assert plan.compiled_extra_ms == rows["sac+compile@compile+per-op"]["details"]["plan"]["compiled_extra_ms"]
     monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", -1.0)  # take any offloading plan that fits
-    forced = plan_compiled(PlanContext(profile, offload=True), budget, measured, times=times,
-                           measured_budget=measured)
+    forced = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
     assert forced.replay_mode == TIMED_MODE and forced.offloaded and forced.offload_stall_ms == 0
     assert forced.feasible and forced.compiled_peak_bytes <= measured == forced.budget_bytes
 

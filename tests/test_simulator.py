@@ -283,7 +283,7 @@ def test_timeline_categories():
     assert r.timeline[i["ga"]].sum() == 416 and cols["recompute_transients"][i["ga"]] == 0
 
 
-def test_multi_output_in_place_and_random_ops():
+def test_multi_output_in_place_and_random_ops(monkeypatch):
     """getitem reads force the producer to be replayed; a stale (later rewritten) value is not a source."""
     specs = [
         ("x", "input", [], 16, 0, "batch"), ("w", "input", [], 4, 0, "param"),
@@ -315,6 +315,13 @@ def test_multi_output_in_place_and_random_ops():
     assert {p.nodes[v].id for v in rg.own[k["bn"]]} == {"bn", "bn0", "relu"}
     # Two outputs of bn are alive during its replay (64 + 4), then the save_mean dies; bn's storage stays.
     assert rg.transient_bytes(k["bn"], rg.own[k["bn"]]) == 68
+    # Planners ask for the same transients thousands of times: asked again, it is remembered, by activation and
+    # replay (another replay of the same activation is worked out afresh).
+    worked_out = []
+    monkeypatch.setattr(rg, "_transient_bytes", lambda a, replay: worked_out.append(a) or -1)
+    assert rg.transient_bytes(k["bn"], rg.own[k["bn"]].copy()) == 68 and not worked_out
+    assert rg.transient_bytes(k["bn"], rg.own[k["mul"]]) == -1 and worked_out == [k["bn"]]
+    monkeypatch.undo()
     sim = Simulator(p)
     with pytest.raises(ACStudioError, match=r"cannot be recomputed: .*random"):
         sim.peak(["drop"])

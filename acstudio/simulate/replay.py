@@ -42,6 +42,9 @@ FORWARD_REGIONS = ("forward", "loss")
 # Bytes of one saved generator state: the CPU's Mersenne Twister state, or a CUDA Philox seed and offset (a
 # host tensor: it takes no device memory, counted anyway as the price of a state kept for a replay).
 RNG_STATE_BYTES = {"cpu": 5056, "cuda": 16}
+# Transients remembered per replay graph. A planner asks for the same few thousand (activation, replay) pairs over
+# and over (the 953M decoder's compiled plan: 175k asks, 8k distinct); past this many, they are forgotten at once.
+TRANSIENT_MEMO_ENTRIES = 1 << 16
 
 
 def is_inplace(target: str) -> bool:
@@ -127,6 +130,7 @@ class ReplayGraph:
         self._in_pad = _padded(self._inputs, fw, n)
         self._hold_pad = _padded(held, fw, n)
         self._fresh_pad = _padded(fresh, fw, n)
+        self._transients: dict[tuple, int] = {}
 
         self.own: list[np.ndarray] = []
         self.own_time = np.zeros(len(acts))
@@ -280,6 +284,16 @@ class ReplayGraph:
         m = len(replay)
         if not m:
             return 0
+        key = (a if isinstance(a, (int, np.integer)) else tuple(a), replay.dtype.str, replay.tobytes())
+        known = self._transients.get(key)
+        if known is None:
+            if len(self._transients) >= TRANSIENT_MEMO_ENTRIES:
+                self._transients.clear()
+            known = self._transients[key] = self._transient_bytes(a, replay)
+        return known
+
+    def _transient_bytes(self, a: int | list[int], replay: np.ndarray) -> int:
+        m = len(replay)
         # Position in the replay of every input that is itself replayed, and its last reader there.
         inputs = self._in_pad[replay]
         at = np.minimum(np.searchsorted(replay, inputs), m - 1)
