@@ -43,8 +43,9 @@ FORWARD_REGIONS = ("forward", "loss")
 # host tensor: it takes no device memory, counted anyway as the price of a state kept for a replay).
 RNG_STATE_BYTES = {"cpu": 5056, "cuda": 16}
 # Transients remembered per replay graph. A planner asks for the same few thousand (activation, replay) pairs over
-# and over (the 953M decoder's compiled plan: 175k asks, 8k distinct); past this many, they are forgotten at once.
-TRANSIENT_MEMO_ENTRIES = 1 << 16
+# and over (the 953M decoder's compiled plan: 175k asks, 8k distinct); past this many, they are forgotten at once
+# (a key holds its replay's node indices: a few KiB where chains merge, so at most tens of MiB in all).
+TRANSIENT_MEMO_ENTRIES = 1 << 14
 
 
 def is_inplace(target: str) -> bool:
