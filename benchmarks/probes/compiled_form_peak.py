@@ -19,11 +19,19 @@ memory of an offloading plan (blocks compiled one by one, what they save on the 
   PYTHONPATH=. PROBE_OFFLOAD_MARGIN=0.01 python3 benchmarks/probes/compiled_form_peak.py OUT \
       results/superseded/grid-gpt2-s512.compiled-offload-margin-1pct.json \
       results/probes/gpt2-s512.compiled-offload-margin-1pct.profile.json.gz
+Its output: results/probes/compiled_form_peak_gpt2-s512_offload-margin-1pct_h200.txt. Generated code that several
+blocks share is one file, so sites alone cannot say which block made what: an offloading plan's blocks (with
+regions, the model's loop runs eagerly and every block compiles alone) are therefore also run once more with their
+copies off (``sac+compile, no copies``), and each run's memory at its peak is split by the block whose forward
+allocated it (a marker allocation at every block's and the head's forward start). Set it beside the planner's
+prediction, block by block, on a CPU:
+  PYTHONPATH=. PROBE_OFFLOAD_MARGIN=0.01 python3 benchmarks/probes/compiled_form_peak.py --predicted RESULT_JSON PROFILE
 """
 
 import collections
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +41,10 @@ import torch
 
 MiB = 2**20
 CONFIGS = ["compile+per-op", "sac+compile@compile+per-op"]  # the peer, then our form of its set
+NO_COPIES = "sac+compile, no copies"  # the offloading plan with its regions' copies off (PROBE_OFFLOAD_MARGIN)
+BLOCK = re.compile(r"\.(h|layer|layers)\.(\d+)$")  # GPT-2's, BERT's and LLaMA's repeated blocks
+HEADS = ("lm_head", "cls")  # what runs after the last block (GPT-2 and LLaMA, BERT)
+MARK_BYTES = 512 * 1000  # a marker allocation is MARK_BYTES + 512 * its segment's number
 
 
 def site(frames: list[dict]) -> str:
@@ -63,6 +75,42 @@ def live_at_peak(trace: list[dict], live: dict[int, tuple[int, str]]) -> tuple[i
     return best, at
 
 
+def mark_forwards(model: torch.nn.Module) -> list[str]:
+    """Make every block's and the head's forward start with a marker allocation, kept until the next step's: the
+    trace then says which forward allocated what. Returns the segments' names, by marker number."""
+    names = ["before the first block"]
+    markers = {}
+
+    for name, module in model.named_modules():
+        if BLOCK.search(name) or name.split(".")[-1] in HEADS:
+            names.append(name if BLOCK.search(name) else "head, loss and backward")
+            number = len(names) - 1
+
+            @torch.compiler.disable
+            def hook(module, args, number=number):
+                device = next(module.parameters()).device
+                markers[number] = torch.empty(MARK_BYTES + 512 * number, dtype=torch.uint8, device=device)
+
+            module.register_forward_pre_hook(hook)
+    return names
+
+
+def by_segment(trace: list[dict], at: dict[int, tuple[int, str]], names: list[str]) -> collections.Counter:
+    """The bytes of ``at`` (live at the peak) by the forward segment whose marker last preceded their allocation."""
+    made_in, segment = {}, 0
+    for e in trace:
+        if e["action"] != "alloc":
+            continue
+        n = (e["size"] - MARK_BYTES) // 512
+        if e["size"] >= MARK_BYTES and (e["size"] - MARK_BYTES) % 512 == 0 and 0 < n < len(names):
+            segment = n
+        made_in[e["addr"]] = segment
+    sizes = collections.Counter()
+    for addr, (size, _) in at.items():
+        sizes[names[made_in[addr]] if addr in made_in else "resident before the step"] += size
+    return sizes
+
+
 def by_site(live: dict[int, tuple[int, str]]) -> collections.Counter:
     sizes = collections.Counter()
     for size, where in live.values():
@@ -76,11 +124,18 @@ def measure_one(cfg: dict) -> dict:
     from acstudio.bench import worker
 
     torch.cuda.memory._record_memory_history(max_entries=3_000_000, stacks="python")
+    names = []
     if "offload_margin" in cfg:  # the bench's own plan, offloading past this margin
+        import acstudio
+        from acstudio.export import apply
         from acstudio.plan import compiled
 
         compiled.OFFLOAD_MARGIN = cfg["offload_margin"]
         worker.plan_ahead_of(cfg)
+        if cfg.get("no_copies"):
+            apply._RegionCall.pack = lambda self, t: t
+        applied = acstudio.apply_plan
+        acstudio.apply_plan = lambda model, *a, **k: names.extend(mark_forwards(model)) or applied(model, *a, **k)
     elif cfg.get("task_plan"):  # our SAC form of torchtitan's own set, planned at compile+per-op's peak itself
         from acstudio.bench import steps
         from acstudio.plan import compiled
@@ -102,8 +157,11 @@ def measure_one(cfg: dict) -> dict:
                 for s in before["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
         result = measured_step(step, dev, resident)
         after = torch.cuda.memory._snapshot()
-        best, at = live_at_peak(after["device_traces"][0][start:], dict(live))
+        trace = after["device_traces"][0][start:]
+        best, at = live_at_peak(trace, dict(live))
         found.update(resident=by_site(live), at_peak=by_site(at), replayed_peak=best, measured=result[:2])
+        if names:
+            found["by_forward"] = by_segment(trace, at, names)
         return result
 
     worker.step_peak_bytes = recorded
@@ -130,13 +188,59 @@ def configs(result: dict, profile: Path, tmp: Path) -> list[dict]:
                     "compiled_per_block_peak": f"{rows['compile+per-block']['peak_bytes']}B",
                     "compiled_per_op_peak": f"{rows['compile+per-op']['peak_bytes']}B",
                     "compiled_step_ms": ",".join(repr(t) for t in times)}
+            if margin:
+                out.append(cfg | {"no_copies": True, "label": NO_COPIES})
         out.append(cfg)
     return out
+
+
+def predicted(result: dict, profile_path: Path) -> str:
+    """The plan the bench makes at compile+per-op's peak with ``PROBE_OFFLOAD_MARGIN`` (on a CPU, from the run's
+    profile and rows, as ``benchmarks/grid_replan.py`` makes it): its activations in memory at its predicted peak,
+    by block, with and without its copies."""
+    import numpy as np
+
+    from acstudio.bench.steps import compiled_plan
+    from acstudio.plan import compiled
+    from acstudio.plan.compiled import CompiledTimes
+    from acstudio.plan.schedule import PlanContext
+    from acstudio.profile.model import Profile
+    from acstudio.simulate.sac import sac_blocks
+
+    compiled.OFFLOAD_MARGIN = float(os.environ.get("PROBE_OFFLOAD_MARGIN", compiled.OFFLOAD_MARGIN))
+    rows = {r["config"]: r for r in result["rows"]}
+    profile = Profile.load(profile_path)
+    per_block, per_op = int(rows["compile+per-block"]["peak_bytes"]), int(rows["compile+per-op"]["peak_bytes"])
+    times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")))
+    plan = compiled_plan(profile, per_op, per_block, per_op if per_op > per_block else None, times, one_device=True)
+    ctx = PlanContext(profile, offload=True)
+    result_sim = ctx.simulation(plan)
+    rg, pos = ctx.rg, profile.node_index[result_sim.peak_node]
+    recomputed = np.zeros(len(rg.bytes), dtype=bool)
+    recomputed[ctx.sim.indices(plan.recomputed)] = True
+    alive = (rg.created <= pos) & (pos <= rg.last_bw) & ~(recomputed & (rg.last_fw < pos) & (pos < rg.first_bw))
+    on_host = np.zeros_like(alive)
+    if result_sim.offload is not None:
+        off = result_sim.offload
+        on_host[off.offloaded[(off.release <= pos) & (pos < off.prefetch)]] = True
+    block_of = np.array([str(b) for b in sac_blocks(ctx.sim).act_block], dtype=object)
+    lines = [f"== predicted (CPU): compiled peak {plan.compiled_peak_bytes / MiB:.2f} MiB (its {plan.replay_mode} "
+             f"simulation's {plan.predicted_peak_bytes / MiB:.2f} less the calibrated "
+             f"{plan.compiled_offset_bytes / MiB:.2f}), {plan.offload_bytes / MiB:.2f} MiB offloaded; activations "
+             f"at the simulation's peak node {result_sim.peak_node} by block, MiB on the device / on the host"]
+    for block in sorted(set(block_of[alive]), key=lambda b: (len(b), b)):
+        mine = alive & (block_of == block)
+        lines.append(f"  {block or '(no block)':28s} {rg.bytes[mine & ~on_host].sum() / MiB:10.2f} "
+                     f"{rg.bytes[mine & on_host].sum() / MiB:10.2f}")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     if sys.argv[1] == "--one":
         print(json.dumps(measure_one(json.loads(sys.argv[2]))))
+        return
+    if sys.argv[1] == "--predicted":
+        print(predicted(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])))
         return
     out, result, profile = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
     tmp = out / "probe_tmp"
@@ -145,7 +249,7 @@ def main() -> None:
         run = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], capture_output=True, text=True)
         if run.returncode:
             sys.exit(f"{cfg['config']} failed:\n{run.stderr[-3000:]}")
-        found[cfg["config"]] = json.loads(run.stdout.strip().splitlines()[-1])
+        found[cfg.get("label", cfg["config"])] = json.loads(run.stdout.strip().splitlines()[-1])
     shutil.rmtree(tmp, ignore_errors=True)
     lines = []
     for name, f in found.items():
@@ -165,6 +269,10 @@ def main() -> None:
         for name in CONFIGS:
             total = sum(found[name][part].values())
             lines.append(f"  {name}: {total / MiB:.2f} MiB over {len(found[name][part])} sites")
+    for name, f in found.items():
+        if "by_forward" in f:
+            lines.append(f"\n== {name}: at its peak, bytes by the forward that allocated them")
+            lines += [f"  {segment:28s} {size / MiB:10.2f}" for segment, size in f["by_forward"].items()]
     text = "\n".join(lines) + "\n"
     (out / "compiled_form_peak.txt").write_text(text)
     print(text)
