@@ -205,6 +205,7 @@ def predicted(result: dict, profile_path: Path) -> str:
     from acstudio.plan.compiled import CompiledTimes
     from acstudio.plan.schedule import PlanContext
     from acstudio.profile.model import Profile
+    from acstudio.simulate.modes import get_mode
     from acstudio.simulate.sac import sac_blocks
 
     compiled.OFFLOAD_MARGIN = float(os.environ.get("PROBE_OFFLOAD_MARGIN", compiled.OFFLOAD_MARGIN))
@@ -224,9 +225,11 @@ def predicted(result: dict, profile_path: Path) -> str:
         off = result_sim.offload
         on_host[off.offloaded[(off.release <= pos) & (pos < off.prefetch)]] = True
     block_of = np.array([str(b) for b in sac_blocks(ctx.sim).act_block], dtype=object)
+    no_copies = get_mode(plan.replay_mode).peak(ctx.sim, ctx.sim.indices(plan.recomputed))[0]
     lines = [f"== predicted (CPU): compiled peak {plan.compiled_peak_bytes / MiB:.2f} MiB (its {plan.replay_mode} "
              f"simulation's {plan.predicted_peak_bytes / MiB:.2f} less the calibrated "
-             f"{plan.compiled_offset_bytes / MiB:.2f}), {plan.offload_bytes / MiB:.2f} MiB offloaded; activations "
+             f"{plan.compiled_offset_bytes / MiB:.2f}), {plan.offload_bytes / MiB:.2f} MiB offloaded; with its "
+             f"copies off ({NO_COPIES}) {(no_copies - plan.compiled_offset_bytes) / MiB:.2f} MiB. Activations "
              f"at the simulation's peak node {result_sim.peak_node} by block, MiB on the device / on the host"]
     for block in sorted(set(block_of[alive]), key=lambda b: (len(b), b)):
         mine = alive & (block_of == block)
