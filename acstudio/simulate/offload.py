@@ -55,6 +55,8 @@ MIN_OFFLOAD_BYTES = 1024
 # activation 0.02 ms (median) after its copy was priced to end, and its three offloading rows ran 3.7-6.4 ms over
 # their prediction, what a link 5% slower than profiled costs those plans; planned with this slack, the plans at
 # seq 1024 and 2048 run no slower on a link up to 10% slower, for 0.5-1.4 ms more predicted (tests/test_offload.py).
+# Measured (same H200 kind, the next session): seq 1024's rows 0.7-1.6 ms over their prediction, and 2.3-4.6 ms a
+# step faster than the plans without it (results/superseded/grid-decoder1b-s1024.eager-h200-before-slack.json).
 # The grid's profiles measured the link both ways at 43.5-50.6 GB/s (the best of 3 repeats each; seq 1024's 49.8,
 # seq 2048's 45.7 on the same H200). Copies of regions (a compiled block's saved tensors) keep no slack: their
 # runtime hands each storage back with ``record_stream``, so a late copy delays when its memory is reused, never
