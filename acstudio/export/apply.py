@@ -349,7 +349,8 @@ def apply_plan(model: torch.nn.Module, plan, compile_options: dict | None = None
 
     A plan for torch.compile that offloads (its policy's ``regions``) compiles those blocks here, each on its own
     (``torch.compile(block.forward, **compile_options)``), and runs them inside the hooks of :class:`RegionOffload`;
-    compile the model around them as usual: each of them is a graph break.
+    compile the model around them as usual: each of them is a graph break. Dynamo cannot resume inside a loop, so
+    the model's loop over its blocks then runs eagerly and every other block compiles alone too.
     """
     policy = load_policy(plan)
     if policy.offloads and offload_refusal():
