@@ -50,22 +50,34 @@ class PeakReport:
 def explain_peak(ctx: PlanContext, plan: Plan, result: SimResult | None = None) -> PeakReport:
     """Split ``plan``'s predicted peak at its peak node; ``result``: the plan already simulated in its replay mode
     (else the simulation the plan carries, simulated now if it has none)."""
-    sim, rg, profile = ctx.sim, ctx.rg, ctx.profile
+    rg, profile = ctx.rg, ctx.profile
     result = result or ctx.simulation(plan)
     pos = profile.node_index[result.peak_node]
     row = dict(zip(TIMELINE_CATEGORIES, result.timeline[pos].tolist()))
+    alive, on_host = activations_at(ctx, plan, result, pos)
     recomputed = np.zeros(len(rg.bytes), dtype=bool)
-    recomputed[sim.indices(plan.recomputed)] = True
-    alive = (rg.created <= pos) & (pos <= rg.last_bw) & ~(recomputed & (rg.last_fw < pos) & (pos < rg.first_bw))
-    if result.offload is not None:  # offloaded activations are on the host from their release to their prefetch
-        off = result.offload
-        alive[off.offloaded[(off.release <= pos) & (pos < off.prefetch)]] = False
-    freeable = int(rg.bytes[alive & rg.is_candidate & ~recomputed].sum())
+    recomputed[ctx.sim.indices(plan.recomputed)] = True
+    freeable = int(rg.bytes[alive & ~on_host & rg.is_candidate & ~recomputed].sum())
     acts = row.pop("retained_activations")
     nd = profile.nodes[pos]
     return PeakReport(node=nd.id, target=nd.target, module=_module_of(profile, pos), region=nd.region,
                       total=int(sum(row.values()) + acts), freeable=freeable,
                       fixed_activations=max(0, acts - freeable), parts=row)
+
+
+def activations_at(ctx: PlanContext, plan: Plan, result: SimResult, pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """(in memory, on the host): which activations ``plan`` holds at node position ``pos``, by activation index,
+    ``result`` being its simulation. A recomputed activation is out of memory between its last forward use and its
+    first backward one; an offloaded one is on the host from its release to its prefetch."""
+    rg = ctx.rg
+    recomputed = np.zeros(len(rg.bytes), dtype=bool)
+    recomputed[ctx.sim.indices(plan.recomputed)] = True
+    alive = (rg.created <= pos) & (pos <= rg.last_bw) & ~(recomputed & (rg.last_fw < pos) & (pos < rg.first_bw))
+    on_host = np.zeros_like(alive)
+    if result.offload is not None:
+        off = result.offload
+        on_host[off.offloaded[(off.release <= pos) & (pos < off.prefetch)]] = True
+    return alive, on_host & alive
 
 
 def _module_of(profile, pos: int) -> str:

@@ -203,6 +203,7 @@ def predicted(result: dict, profile_path: Path) -> str:
     from acstudio.bench.steps import compiled_plan
     from acstudio.plan import compiled
     from acstudio.plan.compiled import CompiledTimes
+    from acstudio.plan.peak import activations_at
     from acstudio.plan.schedule import PlanContext
     from acstudio.profile.model import Profile
     from acstudio.simulate.modes import get_mode
@@ -217,13 +218,7 @@ def predicted(result: dict, profile_path: Path) -> str:
     ctx = PlanContext(profile, offload=True)
     result_sim = ctx.simulation(plan)
     rg, pos = ctx.rg, profile.node_index[result_sim.peak_node]
-    recomputed = np.zeros(len(rg.bytes), dtype=bool)
-    recomputed[ctx.sim.indices(plan.recomputed)] = True
-    alive = (rg.created <= pos) & (pos <= rg.last_bw) & ~(recomputed & (rg.last_fw < pos) & (pos < rg.first_bw))
-    on_host = np.zeros_like(alive)
-    if result_sim.offload is not None:
-        off = result_sim.offload
-        on_host[off.offloaded[(off.release <= pos) & (pos < off.prefetch)]] = True
+    alive, on_host = activations_at(ctx, plan, result_sim, pos)
     block_of = np.array([str(b) for b in sac_blocks(ctx.sim).act_block], dtype=object)
     no_copies = get_mode(plan.replay_mode).peak(ctx.sim, ctx.sim.indices(plan.recomputed))[0]
     lines = [f"== predicted (CPU): compiled peak {plan.compiled_peak_bytes / MiB:.2f} MiB (its {plan.replay_mode} "
