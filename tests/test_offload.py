@@ -23,7 +23,7 @@ from acstudio.plan import plan as make_plan
 from acstudio.plan.baselines import per_module
 from acstudio.plan.loading import check_plan_derivation, load_plan
 from acstudio.plan.model import Plan
-from acstudio.plan.peak import explain_peak
+from acstudio.plan.peak import activations_at, explain_peak
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers.mutwo import offload_onto, offload_plan, offload_preview, trajectory
 from acstudio.profile.model import DEFAULT_HOST_FREE_BYTES, DEFAULT_LINK_GB_S, HostLink, Profile
@@ -275,8 +275,14 @@ def test_planner_offloads_where_copies_hide_and_recomputes_where_they_would_stal
     assert plan.predicted_extra_ms < recompute_only.predicted_extra_ms
     assert plan.offload_bytes == sum(plan.activation_bytes[a] for a in plan.offloaded) == plan.host_bytes
     assert max(live_bytes(rewrite(step, gpu, plan).gm, gpu)) == plan.predicted_peak_bytes <= budget
-    report = explain_peak(PlanContext(gpu), plan)
+    ctx = PlanContext(gpu)
+    report = explain_peak(ctx, plan)
     assert report.node == plan.predicted_peak_node and report.total == plan.predicted_peak_bytes
+    # at the peak, what is on the host is what the plan offloads, in memory between its copy out and back
+    result = ctx.simulation(plan)
+    alive, on_host = activations_at(ctx, plan, result, gpu.node_index[report.node])
+    assert on_host.any() and set(np.flatnonzero(on_host)) <= set(ctx.sim.indices(plan.offloaded))
+    assert not (on_host & ~alive).any()
     capped = make_plan(gpu, budget, host_memory=plan.host_bytes // 2)
     assert capped.host_bytes <= plan.host_bytes // 2
     slow = make_plan(on_gpu(profile, d2h_gb_s=1e-4, h2d_gb_s=1e-4, duplex_gb_s=1e-4, host_free_bytes=2**30), budget)
