@@ -23,14 +23,19 @@ GRID = Path("results/grid")
 GiB = 2**30
 
 
-def replan(shape: str) -> str:
-    rows = {r["config"]: r for r in json.loads((GRID / f"{shape}.compiled.json").read_text())["rows"]}
-    profile = Profile.load(GRID / "profiles" / f"{shape}.compiled.json.gz")
+def compiled_plan_of(rows: dict[str, dict], profile: Profile):
+    """The plan ``acstudio bench`` makes for a compiled part's ``sac+compile@compile+per-op`` row, from the part's
+    calibration rows (by configuration) and its profile."""
     per_block, per_op, plain = rows["compile+per-block"], rows["compile+per-op"], rows["compile"]
     times = CompiledTimes(plain["time_ms_median"], per_block["time_ms_median"], per_op["time_ms_median"])
     budget = int(per_op["peak_bytes"])
     second_peak = budget if per_op["peak_bytes"] > per_block["peak_bytes"] else None
-    plan = compiled_plan(profile, budget, int(per_block["peak_bytes"]), second_peak, times, one_device=True)
+    return compiled_plan(profile, budget, int(per_block["peak_bytes"]), second_peak, times, one_device=True)
+
+
+def replan(shape: str) -> str:
+    rows = {r["config"]: r for r in json.loads((GRID / f"{shape}.compiled.json").read_text())["rows"]}
+    plan = compiled_plan_of(rows, Profile.load(GRID / "profiles" / f"{shape}.compiled.json.gz"))
     ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
     same = (abs(plan.compiled_extra_ms - ran["compiled_extra_ms"]) < 1e-6
             and plan.offload_bytes == ran.get("offload_bytes", 0))

@@ -200,21 +200,17 @@ def predicted(result: dict, profile_path: Path) -> str:
     by block, with and without its copies."""
     import numpy as np
 
-    from acstudio.bench.steps import compiled_plan
     from acstudio.plan import compiled
-    from acstudio.plan.compiled import CompiledTimes
     from acstudio.plan.peak import activations_at
     from acstudio.plan.schedule import PlanContext
     from acstudio.profile.model import Profile
     from acstudio.simulate.modes import get_mode
     from acstudio.simulate.sac import sac_blocks
+    from benchmarks.grid_replan import compiled_plan_of
 
     compiled.OFFLOAD_MARGIN = float(os.environ.get("PROBE_OFFLOAD_MARGIN", compiled.OFFLOAD_MARGIN))
-    rows = {r["config"]: r for r in result["rows"]}
     profile = Profile.load(profile_path)
-    per_block, per_op = int(rows["compile+per-block"]["peak_bytes"]), int(rows["compile+per-op"]["peak_bytes"])
-    times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")))
-    plan = compiled_plan(profile, per_op, per_block, per_op if per_op > per_block else None, times, one_device=True)
+    plan = compiled_plan_of({r["config"]: r for r in result["rows"]}, profile)
     ctx = PlanContext(profile, offload=True)
     result_sim = ctx.simulation(plan)
     rg, pos = ctx.rg, profile.node_index[result_sim.peak_node]
