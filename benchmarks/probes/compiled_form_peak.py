@@ -22,8 +22,9 @@ memory of an offloading plan (blocks compiled one by one, what they save on the 
 Its output: results/probes/compiled_form_peak_gpt2-s512_offload-margin-1pct_h200.txt. Generated code that several
 blocks share is one file, so sites alone cannot say which block made what: an offloading plan's blocks (with
 regions, the model's loop runs eagerly and every block compiles alone) are therefore also run once more with their
-copies off (``sac+compile, no copies``), and each run's memory at its peak is split by the block whose forward
-allocated it (a marker allocation at every block's and the head's forward start). Set it beside the planner's
+copies off (``sac+compile, no copies``) and once with no regions at all, the model compiled whole
+(``sac+compile, whole``), and each run's memory at its peak is split by the segment of the step that allocated it
+(a marker allocation at the start of every block's and the head's forward, and of the backward through each). Set it beside the planner's
 prediction, block by block, on a CPU:
   PYTHONPATH=. PROBE_OFFLOAD_MARGIN=0.01 python3 benchmarks/probes/compiled_form_peak.py --predicted RESULT_JSON PROFILE
 """
@@ -42,6 +43,7 @@ import torch
 MiB = 2**20
 CONFIGS = ["compile+per-op", "sac+compile@compile+per-op"]  # the peer, then our form of its set
 NO_COPIES = "sac+compile, no copies"  # the offloading plan with its regions' copies off (PROBE_OFFLOAD_MARGIN)
+WHOLE = "sac+compile, whole"  # its decisions with no regions: the model compiled whole, nothing offloaded
 BLOCK = re.compile(r"\.(h|layer|layers)\.(\d+)$")  # GPT-2's, BERT's and LLaMA's repeated blocks
 HEADS = ("lm_head", "cls")  # what runs after the last block (GPT-2 and LLaMA, BERT)
 MARK_BYTES = 512 * 1000  # a marker allocation is MARK_BYTES + 512 * its segment's number
@@ -59,56 +61,73 @@ def site(frames: list[dict]) -> str:
     return "(no Python frame)" if not frames else f"{Path(frames[0]['filename']).name}:{frames[0]['line']}"
 
 
-def live_at_peak(trace: list[dict], live: dict[int, tuple[int, str]]) -> tuple[int, dict[int, tuple[int, str]]]:
+def live_at_peak(trace: list[dict], live: dict[int, tuple[int, str]]) -> tuple[int, dict[int, tuple[int, str]], int]:
     """Replay ``trace`` (one device's allocator events) from ``live`` (address -> bytes, site); the most bytes
-    allocated at once and what was live then."""
+    allocated at once, what was live then, and the index in ``trace`` where that was."""
     now = sum(b for b, _ in live.values())
-    best, at = now, dict(live)
-    for e in trace:
+    best, at, where = now, dict(live), -1
+    for i, e in enumerate(trace):
         if e["action"] == "alloc":
             live[e["addr"]] = (e["size"], site(e.get("frames", [])))
             now += e["size"]
             if now > best:
-                best, at = now, dict(live)
+                best, at, where = now, dict(live), i
         elif e["action"] == "free_requested" and e["addr"] in live:
             now -= live.pop(e["addr"])[0]
-    return best, at
+    return best, at, where
 
 
-def mark_forwards(model: torch.nn.Module) -> list[str]:
-    """Make every block's and the head's forward start with a marker allocation, kept until the next step's: the
-    trace then says which forward allocated what. Returns the segments' names, by marker number."""
+def mark_segments(model: torch.nn.Module) -> list[str]:
+    """Make every block's and the head's forward, and the backward through each of them, start with a marker
+    allocation, kept until the next step's: the trace then says which segment of the step allocated what, and in
+    which the peak fell. Returns the segments' names, by marker number."""
     names = ["before the first block"]
     markers = {}
 
+    def segment(name: str):
+        names.append(name)
+        number = len(names) - 1
+
+        def mark(device, number=number):
+            markers[number] = torch.empty(MARK_BYTES + 512 * number, dtype=torch.uint8, device=device)
+        return mark
+
     for name, module in model.named_modules():
         if BLOCK.search(name) or name.split(".")[-1] in HEADS:
-            names.append(name if BLOCK.search(name) else "head, loss and backward")
-            number = len(names) - 1
+            forward, backward = segment(f"forward {name}"), segment(f"backward {name}")
 
             @torch.compiler.disable
-            def hook(module, args, number=number):
-                device = next(module.parameters()).device
-                markers[number] = torch.empty(MARK_BYTES + 512 * number, dtype=torch.uint8, device=device)
+            def before(module, args, forward=forward):
+                forward(next(module.parameters()).device)
 
-            module.register_forward_pre_hook(hook)
+            @torch.compiler.disable
+            def after(module, args, output, backward=backward):
+                out = output if isinstance(output, torch.Tensor) else output[0]
+                if out.requires_grad:
+                    out.register_hook(lambda grad: backward(grad.device))
+
+            module.register_forward_pre_hook(before)
+            module.register_forward_hook(after)
     return names
 
 
-def by_segment(trace: list[dict], at: dict[int, tuple[int, str]], names: list[str]) -> collections.Counter:
-    """The bytes of ``at`` (live at the peak) by the forward segment whose marker last preceded their allocation."""
+def by_segment(trace: list[dict], at: dict[int, tuple[int, str]], names: list[str],
+               peak: int) -> tuple[collections.Counter, str]:
+    """The bytes of ``at`` (live at the peak) by the segment whose marker last preceded their allocation, and the
+    segment of the peak (the event ``peak`` of ``trace``)."""
     made_in, segment = {}, 0
-    for e in trace:
+    for e in trace[:peak + 1]:  # an address reused after the peak is not what was live there
         if e["action"] != "alloc":
             continue
         n = (e["size"] - MARK_BYTES) // 512
         if e["size"] >= MARK_BYTES and (e["size"] - MARK_BYTES) % 512 == 0 and 0 < n < len(names):
             segment = n
         made_in[e["addr"]] = segment
+    peak_in = names[segment] if peak >= 0 else "before the step"
     sizes = collections.Counter()
     for addr, (size, _) in at.items():
         sizes[names[made_in[addr]] if addr in made_in else "resident before the step"] += size
-    return sizes
+    return sizes, peak_in
 
 
 def by_site(live: dict[int, tuple[int, str]]) -> collections.Counter:
@@ -134,8 +153,11 @@ def measure_one(cfg: dict) -> dict:
         worker.plan_ahead_of(cfg)
         if cfg.get("no_copies"):
             apply._RegionCall.pack = lambda self, t: t
-        applied = acstudio.apply_plan
-        acstudio.apply_plan = lambda model, *a, **k: names.extend(mark_forwards(model)) or applied(model, *a, **k)
+        if cfg.get("whole"):  # the same decisions, the model compiled whole: no block runs as a region
+            apply.run_as_region = lambda *a, **k: None
+        else:  # markers inside a model compiled whole would be traced, and dead code
+            applied = acstudio.apply_plan
+            acstudio.apply_plan = lambda model, *a, **k: names.extend(mark_segments(model)) or applied(model, *a, **k)
     elif cfg.get("task_plan"):  # our SAC form of torchtitan's own set, planned at compile+per-op's peak itself
         from acstudio.bench import steps
         from acstudio.plan import compiled
@@ -158,10 +180,10 @@ def measure_one(cfg: dict) -> dict:
         result = measured_step(step, dev, resident)
         after = torch.cuda.memory._snapshot()
         trace = after["device_traces"][0][start:]
-        best, at = live_at_peak(trace, dict(live))
+        best, at, peak = live_at_peak(trace, dict(live))
         found.update(resident=by_site(live), at_peak=by_site(at), replayed_peak=best, measured=result[:2])
         if names:
-            found["by_forward"] = by_segment(trace, at, names)
+            found["by_segment"], found["peak_in"] = by_segment(trace, at, names, peak)
         return result
 
     worker.step_peak_bytes = recorded
@@ -188,8 +210,12 @@ def configs(result: dict, profile: Path, tmp: Path) -> list[dict]:
                     "compiled_per_block_peak": f"{rows['compile+per-block']['peak_bytes']}B",
                     "compiled_per_op_peak": f"{rows['compile+per-op']['peak_bytes']}B",
                     "compiled_step_ms": ",".join(repr(t) for t in times)}
-            if margin:
-                out.append(cfg | {"no_copies": True, "label": NO_COPIES})
+            if margin:  # each in its own profile folder: the bench exports each plan beside its profile
+                for label, change in ((NO_COPIES, {"no_copies": True}), (WHOLE, {"whole": True})):
+                    own_profile = tmp / label.replace(" ", "_").replace(",", "") / profile.name
+                    own_profile.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(profile, own_profile)
+                    out.append(cfg | change | {"label": label, "profile_path": str(own_profile)})
         out.append(cfg)
     return out
 
@@ -264,9 +290,10 @@ def main() -> None:
             total = sum(found[name][part].values())
             lines.append(f"  {name}: {total / MiB:.2f} MiB over {len(found[name][part])} sites")
     for name, f in found.items():
-        if "by_forward" in f:
-            lines.append(f"\n== {name}: at its peak, bytes by the forward that allocated them")
-            lines += [f"  {segment:28s} {size / MiB:10.2f}" for segment, size in f["by_forward"].items()]
+        if "by_segment" in f:
+            lines.append(f"\n== {name}: its peak falls in the {f['peak_in']}; bytes live there by the segment "
+                         "that allocated them")
+            lines += [f"  {segment:36s} {size / MiB:10.2f}" for segment, size in f["by_segment"].items()]
     text = "\n".join(lines) + "\n"
     (out / "compiled_form_peak.txt").write_text(text)
     print(text)
