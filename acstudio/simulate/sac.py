@@ -67,6 +67,7 @@ SAVE = "save"
 RECOMPUTE = "recompute"
 OFFLOAD = "offload"  # saved, its output copied to host memory and back (see the module)
 MASK_FROM_SHAPE = {"aten.native_dropout.default"}  # its second output, the mask, reads only the input's shape
+LAYER_NORM_OPS = {"aten.native_layer_norm.default"}  # compiled, saved, their backward reads the normalized input
 UPDATES_STATE = "updates module state"  # why an op is saved whatever the plan (BatchNorm's num_batches_tracked += 1)
 
 
@@ -445,13 +446,24 @@ class SacBlocks:
         backward, at its first use, from what its block saved; eager, the checkpoint's caller holds it. Not under
         FSDP2/DDP, where each block is compiled alone: its output leaves the compiled graph, and the caller holds
         it; nor for ``regions``, blocks compiled alone for offload, whose output the next block saves as its input
-        (measured on the CPU: ``tests/test_compiled_offload.py``, the runtime's count of its copies)."""
+        (measured on the CPU: ``tests/test_compiled_offload.py``, the runtime's count of its copies).
+
+        Nor where a saved layer norm of a wrapped block reads it (GPT-2's next ``ln_1``, kept): compiled, that norm's
+        backward reads its normalized input, which Inductor computes in forward and saves, the same bytes held in
+        its place. Measured on GPT-2 (seq 512, H200; ``results/probes/compiled_saved_bytes_gpt2-s512_offload-set_h200
+        .txt``): a plan keeping every ``ln_1`` saved one hidden state per layer more than the model held then, and
+        peaked 525 MiB over its prediction."""
         if self.regional:
             return {}
         wrapped = {b for b, form in forms.items() if form.replay is not None}
+        nodes = self.sim.profile.nodes
 
         def recomputed_in_wrapped(i: int) -> bool:
             return self.block[i] in wrapped and forms[self.block[i]].decision.get(i) == RECOMPUTE
+
+        def saved_norm(i: int) -> bool:
+            return (nodes[i].target in LAYER_NORM_OPS and self.block[i] in wrapped
+                    and forms[self.block[i]].decision.get(i) == SAVE)
 
         late: dict[str, list[int]] = {}
         for k, readers in self.outside_readers.items():
@@ -459,7 +471,8 @@ class SacBlocks:
             if b not in wrapped or b in regions or not self.passes_through[k]:
                 continue
             writers = [j for j in self.writers[k] if self.block[j] == b]
-            if all(forms[b].decision[j] == RECOMPUTE for j in writers) and not any(map(recomputed_in_wrapped, readers)):
+            if (all(forms[b].decision[j] == RECOMPUTE for j in writers)
+                    and not any(recomputed_in_wrapped(i) or saved_norm(i) for i in readers)):
                 late.setdefault(b, []).append(k)
         return {b: tuple(sorted(ks)) for b, ks in late.items()}
 

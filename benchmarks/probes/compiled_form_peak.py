@@ -24,8 +24,9 @@ blocks share is one file, so sites alone cannot say which block made what: an of
 regions, the model's loop runs eagerly and every block compiles alone) are therefore also run once more with their
 copies off (``sac+compile, no copies``) and once with no regions at all, the model compiled whole
 (``sac+compile, whole``), and each run's memory at its peak is split by the segment of the step that allocated it
-(a marker allocation at the start of every block's and the head's forward, and of the backward through each). Set it beside the planner's
-prediction, block by block, on a CPU:
+(a marker allocation at the start of every block's and the head's forward, and of the backward through each).
+Its output: results/probes/compiled_form_peak_gpt2-s512_split_h200.txt. Set it beside the planner's prediction,
+block by block, on a CPU:
   PYTHONPATH=. PROBE_OFFLOAD_MARGIN=0.01 python3 benchmarks/probes/compiled_form_peak.py --predicted RESULT_JSON PROFILE
 """
 
