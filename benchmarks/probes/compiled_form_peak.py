@@ -156,7 +156,7 @@ def measure_one(cfg: dict) -> dict:
             apply._RegionCall.pack = lambda self, t: t
         if cfg.get("whole"):  # the same decisions, the model compiled whole: no block runs as a region
             apply.run_as_region = lambda *a, **k: None
-        else:  # markers inside a model compiled whole would be traced, and dead code
+        else:  # compiled whole, the markers (graph breaks) would cut the model into graphs per block
             applied = acstudio.apply_plan
             acstudio.apply_plan = lambda model, *a, **k: names.extend(mark_segments(model)) or applied(model, *a, **k)
     elif cfg.get("task_plan"):  # our SAC form of torchtitan's own set, planned at compile+per-op's peak itself
