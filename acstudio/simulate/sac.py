@@ -627,7 +627,8 @@ class ReplaySacCompiled(ReplaySac):
     the mask its backward reads, where the residual add after it is kept), the compiled step frees the others
     after their last forward use. And a block's output that only code outside the wrapped blocks reads (the last
     layer's, read by the loss head), written by recomputed ops, is recomputed at its first backward use
-    (:meth:`SacBlocks.recomputed_at_first_use`) where eager's caller holds it. Otherwise memory is the "sac" mode's;
+    (:meth:`SacBlocks.recomputed_at_first_use`) where eager's caller holds it; one a kept layer norm reads stays,
+    its normalized input saved in its place. Otherwise memory is the "sac" mode's;
     from it :mod:`acstudio.plan.compiled` calibrates the compiled peak."""
 
     name = "sac-compiled"
