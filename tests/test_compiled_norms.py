@@ -16,7 +16,7 @@ from acstudio.plan.loading import load_plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.simulate.modes import get_mode
-from acstudio.simulate.sac import LAYER_NORM_OPS, sac_blocks
+from acstudio.simulate.sac import LAYER_NORM_OPS, SAVE, sac_blocks
 
 MiB = 2**20
 PROBES = Path(__file__).resolve().parents[1] / "results" / "probes"
@@ -36,9 +36,13 @@ def test_a_layers_output_read_by_a_saved_norm_is_held_compiled(gpt2):
     blocks, nodes = sac_blocks(ctx.sim), ctx.profile.nodes
     schedule = blocks.schedule(recomputed, compiled=True)
     forms = {b: blocks._block(b, asked, True) for b, asked in blocks._asked(recomputed).items()}
+
+    def saved_norm(i: int) -> bool:
+        b = blocks.block[i]
+        return nodes[i].target in LAYER_NORM_OPS and b in forms and forms[b].decision[i] == SAVE
+
     read_by_saved_norm = [k for k, readers in blocks.outside_readers.items()
-                          if blocks.act_block[k] and any(nodes[i].target in LAYER_NORM_OPS and blocks.block[i] in forms
-                                 and forms[blocks.block[i]].decision[i] == "save" for i in readers)]
+                          if blocks.act_block[k] and any(map(saved_norm, readers))]
     assert len(read_by_saved_norm) == len(blocks.blocks) - 1  # every layer's but the last, read by the final norm
     assert np.all(schedule.back[read_by_saved_norm] == -1)
     assert list(schedule.late) == [blocks.blocks[-1]]
