@@ -400,18 +400,18 @@ class SacBlocks:
         read = {storage[u] for i, reads in self._needed(form.replay).items() if reads for u in self.inputs[i]}
         return {t: at for t, at in form.saved_scratch.items() if t in read}
 
-    def schedule(self, recomputed: Collection[int], compiled: bool = False, regions: Collection[str] = ()
+    def schedule(self, recomputed: Collection[int], compiled: bool = False, blocks_alone: bool = False
                  ) -> SharedSchedule:
         """One replay per block that frees something, in the order they run. ``compiled``: the form as it runs
         under torch.compile, random ops decided one by one (:meth:`_block`), and the saved ops' outputs held until
         the replay only those the compiled step saves (:meth:`compiled_scratch`); eager SAC's cache holds every
-        output of a saved op. ``regions``: blocks compiled alone (:meth:`recomputed_at_first_use`)."""
+        output of a saved op. ``blocks_alone``: every block compiled alone (:meth:`recomputed_at_first_use`)."""
         n_act = len(self.sim.replay.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
         replays, held, saved_by = [], {}, {}
         forms = {b: self._block(b, asked, compiled) for b, asked in self._asked(recomputed).items()}
-        late = self.recomputed_at_first_use(forms, regions) if compiled else {}
+        late = self.recomputed_at_first_use(forms, blocks_alone) if compiled else {}
         for b, form in forms.items():
             if form.replay is None:
                 continue
@@ -437,7 +437,7 @@ class SacBlocks:
                            recomputed=recomputed, saved_rows=saved_rows, late=late)
 
 
-    def recomputed_at_first_use(self, forms: dict[str, _BlockForm], regions: Collection[str] = ()
+    def recomputed_at_first_use(self, forms: dict[str, _BlockForm], blocks_alone: bool = False
                                 ) -> dict[str, tuple[int, ...]]:
         """Per wrapped block, the activations leaving it that the compiled step does not hold from forward: written
         by recomputed ops only and read outside the block by no recomputed op of another wrapped block (the last
@@ -445,8 +445,8 @@ class SacBlocks:
         for a later region that recomputes from it (``cleanup_recompute_tags``), so this one is recomputed in
         backward, at its first use, from what its block saved; eager, the checkpoint's caller holds it. Not under
         FSDP2/DDP, where each block is compiled alone: its output leaves the compiled graph, and the caller holds
-        it; nor for ``regions``, blocks compiled alone (with a block compiled alone for offload, every block is:
-        :meth:`ReplaySacCompiled.offload`), whose output the next block saves as its input (measured on the CPU:
+        it; nor with ``blocks_alone``, every block compiled alone because one is for offload
+        (:meth:`ReplaySacCompiled.offload`), where the next block saves its input (measured on the CPU:
         ``tests/test_compiled_offload.py``, the runtime's count of its copies).
 
         Nor where a saved layer norm of a wrapped block reads it (GPT-2's next ``ln_1``, kept): compiled, that norm's
@@ -454,7 +454,7 @@ class SacBlocks:
         its place. Measured on GPT-2 (seq 512, H200; ``results/probes/compiled_saved_bytes_gpt2-s512_offload-set_h200
         .txt``): a plan keeping every ``ln_1`` saved one hidden state per layer more than the model held then, and
         peaked 525 MiB over its prediction."""
-        if self.regional:
+        if self.regional or blocks_alone:
             return {}
         wrapped = {b for b, form in forms.items() if form.replay is not None}
         nodes = self.sim.profile.nodes
@@ -469,7 +469,7 @@ class SacBlocks:
         late: dict[str, list[int]] = {}
         for k, readers in self.outside_readers.items():
             b = self.act_block[k]
-            if b not in wrapped or b in regions or not self.passes_through[k]:
+            if b not in wrapped or not self.passes_through[k]:
                 continue
             writers = [j for j in self.writers[k] if self.block[j] == b]
             if (all(forms[b].decision[j] == RECOMPUTE for j in writers)
@@ -639,9 +639,9 @@ class ReplaySacCompiled(ReplaySac):
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         return True  # compiled, the policy runs while tracing only
 
-    def schedule(self, sim: Simulator, recomputed: Sequence[int], regions: Collection[str] = ()) -> SacSchedule:
+    def schedule(self, sim: Simulator, recomputed: Sequence[int], blocks_alone: bool = False) -> SacSchedule:
         blocks = sac_blocks(sim)
-        schedule = blocks.schedule(recomputed, compiled=True, regions=regions)
+        schedule = blocks.schedule(recomputed, compiled=True, blocks_alone=blocks_alone)
         for r in schedule.replays:
             if id(r) not in blocks.pruned:
                 pruned_ms = float(sim.replay.run_ms[self.needed(sim, r)].sum())
@@ -673,7 +673,7 @@ class ReplaySacCompiled(ReplaySac):
             return None
         blocks = sac_blocks(sim)
         if schedule.late:  # every block runs compiled alone: its output is held, not recomputed
-            fresh = self.schedule(sim, schedule.recomputed, blocks.blocks)
+            fresh = self.schedule(sim, schedule.recomputed, blocks_alone=True)
             for f in dataclasses.fields(fresh):
                 setattr(schedule, f.name, getattr(fresh, f.name))
         regions = {b for k in offloaded for b in blocks.holders(int(k))}
