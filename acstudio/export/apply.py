@@ -345,7 +345,8 @@ def apply_plan(model: torch.nn.Module, plan, compile_options: dict | None = None
     the eager model decides for itself is followed exactly: its dropout probabilities (a block's
     random ops are saved or replayed with the random state they drew from), frozen parameters (no gradient, no
     update) and evaluation under ``torch.no_grad()`` (the blocks run unwrapped). Compiled block by block, each
-    block is a graph of its own (:func:`compiled_per_block`), so Dynamo's recompile limit is raised by their number.
+    block is a graph of its own (:func:`compiled_per_block`), so Dynamo's recompile limit is raised by their number,
+    on every call (a second model applied in the same process adds as many entries to the same code's cache).
 
     A plan for torch.compile that offloads (its policy's ``regions``) compiles those blocks here, each on its own
     (``torch.compile(block.forward, **compile_options)``), and runs them inside the hooks of :class:`RegionOffload`;
@@ -364,9 +365,11 @@ def apply_plan(model: torch.nn.Module, plan, compile_options: dict | None = None
             raise ModelMismatchError(f"the model has no module {block!r}, a block of the plan "
                                      "— profile and plan this model again")
     check_containers(policy, modules)
-    dynamo = torch._dynamo.config  # one entry per block (compiled_per_block), beside the model's own
+    # one cache entry per block (compiled_per_block) and per region, on code objects every model applied in this
+    # process shares (the wrapped forward, the blocks' class's forward): each call makes room for its own
+    dynamo = torch._dynamo.config
     regions = {*policy.regions, *policy.regions.values()}
-    dynamo.recompile_limit = max(dynamo.recompile_limit, len(policy.blocks) + len(regions) + 8)
+    dynamo.recompile_limit += len(policy.blocks) + len(regions)
     offload = SacOffload(policy.offload_bytes) if policy.offloads else None
     for block, ops in policy.blocks.items():
         wrap_block(modules[block], block, ops, offload)
