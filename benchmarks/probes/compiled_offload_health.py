@@ -22,7 +22,7 @@ profile, ``gpt2-s2048.compiled.profile.json.gz`` beside it, and calibration rows
 ``acstudio.plan.compiled.plan_compiled`` as the bench made it).
 
 Run (results/probes/compiled_offload_health_s512_keyerror_h100.txt and compiled_offload_health_s2048_h100.txt; the
-first stopped on a bug since fixed):
+first stopped on a bug since fixed; with ``PROBE_PLAN``, compiled_offload_health_s2048_h200.txt, its command there):
   cd <repo> && PYTHONPATH=. PROBE_DETERMINISTIC=1 python3 benchmarks/probes/compiled_offload_health.py
   cd <repo> && PYTHONPATH=. PROBE_SEQ=2048 PROBE_BATCH=8 PROBE_DROPOUT=1 PROBE_STEPS=20 \
       python3 benchmarks/probes/compiled_offload_health.py
@@ -36,6 +36,7 @@ PROBE_DEVICE=cpu PROBE_TINY=1 is a smoke run on a 2-layer GPT-2 without a GPU (a
 import contextlib
 import copy
 import dataclasses
+import gc
 import os
 import sys
 import time
@@ -133,11 +134,12 @@ class Trainer:
         return (time.perf_counter() - t) * 1e3, loss.detach()
 
     def three_steps(self) -> list[torch.Tensor]:
-        """Losses, last gradients and parameters after 3 steps from the start."""
+        """Losses, last gradients and parameters after 3 steps from the start (on the host: held on the device, they
+        would count in the next model's peak)."""
         self.restart()
         losses = [self.step()[1] for _ in range(3)]
         params = list(self.model.parameters())
-        return [*losses, *(p.grad.clone() for p in params), *(p.detach().clone() for p in params)]
+        return [t.detach().cpu() for t in (*losses, *(p.grad for p in params), *params)]
 
     def timed(self, steps: int) -> tuple[float, float, int]:
         """(median ms from step 2 on, IQR, the highest device peak) of ``steps`` steps from the start."""
@@ -177,6 +179,15 @@ def health(trainer: Trainer, buffers: list[int]) -> None:
           f"copies held after a step: max {int(held.max())}", flush=True)
 
 
+def forget_compiled() -> None:
+    """Free the model just measured: Dynamo's caches hold it (its guards), with its gradients and optimizer state,
+    which would count in the next model's peak (a first H200 run's did: 2 GiB a model)."""
+    torch._dynamo.reset()
+    gc.collect()
+    if CUDA:
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     t0 = time.time()
     if DETERMINISTIC:
@@ -185,14 +196,15 @@ def main() -> int:
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_cudnn_sdp(False)
         torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns
-    print(f"torch {torch.__version__} device {torch.cuda.get_device_name() if CUDA else DEVICE}; seq {SEQ} batch "
-          f"{BATCH} dropout {DROPOUT} deterministic {DETERMINISTIC}", flush=True)
+    print(f"torch {torch.__version__} device {torch.cuda.get_device_name() if CUDA else DEVICE}; deterministic "
+          f"{DETERMINISTIC}", flush=True)
     config = () if DROPOUT else DROPOUT_FREE
     if TINY:
         sac_module.REGION_MIN_BYTES = 4096
     if os.environ.get("PROBE_PLAN"):
         profile, plan = Profile.load(os.environ["PROBE_PROFILE"]), Plan.load(os.environ["PROBE_PLAN"])
         spec = WorkloadSpec.from_dict(profile.workload)
+        print(f"the profile's workload: {spec.label} seq {spec.seq_len}", flush=True)
         print(f"plan {os.environ['PROBE_PLAN']}: {len(plan.recomputed)} activations recomputed, "
               f"{len(plan.offloaded)} offloaded ({plan.offload_bytes / GiB:.3f} GiB each way)", flush=True)
     else:
@@ -201,6 +213,7 @@ def main() -> int:
         else:
             spec = WorkloadSpec("gpt2", batch_size=BATCH, seq_len=SEQ, optimizer="adam",
                                 config=(*config, ("n_positions", str(max(SEQ, 1024)))))
+        print(f"seq {SEQ} batch {BATCH} dropout {DROPOUT}", flush=True)
         profile = profile_workload(spec, DEVICE)
         ctx = PlanContext(profile)
         blocks = sac_blocks(ctx.sim)
@@ -220,12 +233,14 @@ def main() -> int:
         health(offload, buffers)
         timings["offload"] = offload.timed(12)
     del offload
+    forget_compiled()
     with copies(False):
         regions = Trainer(w, apply_module.apply_plan(copy.deepcopy(w.model), (profile, plan), COMPILE))
         results["regions"] = regions.three_steps()
         results["regions again"] = regions.three_steps()
         timings["regions"] = regions.timed(12)
     del regions
+    forget_compiled()
     # the plan's recompute set compiled whole (keeping everything: the model as compile runs it)
     whole = apply_module.apply_plan(copy.deepcopy(w.model), (profile, dataclasses.replace(plan, offloaded=[])))
     timings["whole"] = Trainer(w, whole).timed(12)

@@ -1,0 +1,82 @@
+"""What Inductor's partitioner makes of a recompute set: the ops of the forward and backward graphs it compiles, and
+how many values the forward saves, for torchtitan's set as the planner models it (``titan``:
+:func:`acstudio.plan.compiled.torchtitan_held`, applied by ``acstudio.apply_plan``), that set with every dropout
+saved (``minus-dropouts``: the recompute set of GPT-2's offloading compiled plans at a 1% margin) and torchtitan's
+own policy (``peer``: the bench's ``compile+per-op``).
+
+Why: those GPT-2 plans were priced 4.9 ms under compile+per-op's overhead at seq 2048 (no replay of the
+projection before each block's first dropout) and ran 1.2 ms over it, while their regions and copies cost 0.2 ms
+(``results/probes/compiled_offload_health_s2048_h200.txt``). Does the compiled backward drop the replays the
+planner took out? (It does: ``results/probes/compiled_partitioned_ops_gpt2-s2048_h200.txt``.)
+
+Run (one CUDA GPU, about 100 s on an H200; on a CPU with a profile of a model without dropout it runs too, for a
+smoke test):
+  cd <repo> && PYTHONPATH=. python3 benchmarks/probes/compiled_partitioned_ops.py \\
+      results/probes/gpt2-s2048.compiled-offload-margin-1pct-headroom-h200.profile.json.gz titan,minus-dropouts,peer
+"""
+
+import copy
+import dataclasses
+import sys
+import time
+from collections import Counter
+
+import torch
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+from acstudio.bench.steps import enable_per_block, per_op_context
+from acstudio.export.apply import apply_plan
+from acstudio.plan.compiled import TIMED_MODE, torchtitan_held
+from acstudio.plan.schedule import PlanContext
+from acstudio.profile.model import Profile
+from acstudio.workload import WorkloadSpec, build_workload
+
+SHOWN = ("mm", "drop", "rand", "attention", "layer_norm", "philox", "seed")  # the ops each graph's line counts
+
+
+def model_of(variant: str, workload, profile: Profile, ctx: PlanContext) -> torch.nn.Module:
+    """The workload's model under ``variant``'s checkpointing."""
+    if variant == "peer":
+        enable_per_block(workload, per_op_context)
+        return workload.model
+    titan = torchtitan_held(ctx)
+    if variant == "minus-dropouts":
+        nodes, made = ctx.profile.nodes, ctx.rg.created
+        titan = [k for k in titan if nodes[made[k]].target != "aten.native_dropout.default"]
+    elif variant != "titan":
+        raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts or peer")
+    return apply_plan(workload.model, (profile, ctx.plan_for_set("auto", 10**15, titan, "", mode=TIMED_MODE)))
+
+
+def main(profile_path: str, variants: list[str]) -> int:
+    t0 = time.time()
+    profile = Profile.load(profile_path)
+    ctx = PlanContext(profile)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = build_workload(WorkloadSpec.from_dict(profile.workload)).to(device)
+    graphs: list[tuple[bool, Counter, int]] = []
+
+    def counting(gm, example_inputs, **kwargs):
+        ops = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        saved = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        graphs.append((bool(kwargs.get("is_backward")), ops, saved))
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    for variant in variants:
+        graphs.clear()
+        torch._dynamo.reset()
+        workload = dataclasses.replace(base, model=copy.deepcopy(base.model))
+        model = torch.compile(model_of(variant, workload, profile, ctx),
+                              backend=lambda gm, inputs: compile_fx(gm, inputs, inner_compile=counting))
+        for _ in range(2):
+            workload.loss_fn(model, workload.batch).backward()
+        for backward, ops, outputs in graphs:
+            shown = {op: n for op, n in sorted(ops.items()) if any(s in op for s in SHOWN)}
+            print(f"{variant:15s} {'bw' if backward else 'fw'} outputs {outputs:4d} ops {sum(ops.values()):5d} "
+                  f"{shown}", flush=True)
+    print(f"total {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2].split(",")))
