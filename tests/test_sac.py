@@ -337,7 +337,6 @@ def test_blocks_compiled_one_by_one_each_trace_their_own_policy(monkeypatch):
     plan = ctx.plan_for_set("mutwo", profile.peak_bytes, rc)
     reference = train(copy.deepcopy(w.model), w)
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # the default, whatever earlier tests raised
     traced, graphs = [], []
     contexts = apply_module._contexts
     monkeypatch.setattr(apply_module, "_contexts", lambda block, *a: (traced.append(block), contexts(block, *a))[1])
@@ -346,15 +345,16 @@ def test_blocks_compiled_one_by_one_each_trace_their_own_policy(monkeypatch):
         graphs.append(graph)
         return torch._dynamo.backends.debugging.aot_eager(graph, example_inputs)
 
-    for models in (1, 2):
-        model = apply_plan(copy.deepcopy(w.model), (profile, plan))
-        wrapped = [name for name, m in model.named_modules() if hasattr(m, "_acstudio_sac_inner_forward")]
-        assert len(wrapped) == 10
-        for block in find_blocks(dataclasses.replace(w, model=model)):
-            block.compile(backend=counting)
-        for a, b in zip(train(model, w), reference, strict=True):
-            assert torch.equal(a, b)
-        assert len(graphs) == 10 * models and sorted(set(traced)) == sorted(wrapped)
+    with torch._dynamo.config.patch(recompile_limit=8):  # the default, whatever earlier tests raised it to
+        for models in (1, 2):
+            model = apply_plan(copy.deepcopy(w.model), (profile, plan))
+            wrapped = [name for name, m in model.named_modules() if hasattr(m, "_acstudio_sac_inner_forward")]
+            assert len(wrapped) == 10
+            for block in find_blocks(dataclasses.replace(w, model=model)):
+                block.compile(backend=counting)
+            for a, b in zip(train(model, w), reference, strict=True):
+                assert torch.equal(a, b)
+            assert len(graphs) == 10 * models and sorted(set(traced)) == sorted(wrapped)
 
 
 def test_batch_norm_is_recomputed_and_its_running_statistics_updated_once():
