@@ -203,12 +203,11 @@ def test_the_fill_search_leaves_less_than_1_percent_of_the_budget_unused_on_bert
 def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monkeypatch):
     """The 168M decoder's sample (H200 profile) at compile+per-block's measured peak: recompute alone can only run
     per-block's own set; offloading what the first blocks save instead is predicted faster with the copies hidden,
-    past what compiled offload plans were measured to miss by (the 2.2% margin): the planner offloads. The measured
-    set peaks in the backward, where activations are held, so the offloading plan must fit the planning headroom's
-    budget (its regions hold what the measurement never saw) and does: the first 6 blocks (296 MiB), where
-    fitted to the measured peak it took 3 (144 MiB); with a region every block runs compiled alone and holds its
-    output, which takes 2 blocks more than when only the offloaded ones did. With a margin above every offloading
-    plan's gain it recomputes."""
+    past the offload margin (1%): the planner offloads. The measured set peaks in the backward, where activations
+    are held, so the offloading plan must fit the planning headroom's budget (its regions hold what the measurement
+    never saw) and does: the first 4 blocks (200 MiB), predicted 1.6% of the step faster; 6 blocks (296 MiB) are
+    2.3% faster, within the tie of it, and moving more (the 2.2% margin took them). With a margin above every
+    offloading plan's gain it recomputes."""
     profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
     times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # tests/test_plan_compiled.py's H200 run
     budget = with_headroom(measured, COMPILED_HEADROOM)
@@ -221,7 +220,7 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
     gain = (recompute.compiled_extra_ms - offloads.compiled_extra_ms) / profile.iteration_ms
     assert acstudio_compiled.OFFLOAD_MARGIN < gain < 0.03
     policy = sac.SacPolicy.from_plan(profile, offloads.recomputed, offloads.offloaded, offloads.replay_mode)
-    assert len(policy.regions) == 6 and policy.offload_bytes == offloads.offload_bytes == 296 * 2**20
+    assert len(policy.regions) == 4 and policy.offload_bytes == offloads.offload_bytes == 200 * 2**20
     # the fastest offloading plan is at most OFFLOAD_TIE of the step faster than the one taken
     monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", gain + acstudio_compiled.OFFLOAD_TIE + 0.001)
     kept = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
