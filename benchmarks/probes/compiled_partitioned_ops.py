@@ -14,10 +14,16 @@ projection before each block's first dropout) and ran 1.2 ms over it, while thei
 (``results/probes/compiled_offload_health_s2048_h200.txt``). Does the compiled backward drop the replays the
 planner took out? (It does: ``results/probes/compiled_partitioned_ops_gpt2-s2048_h200.txt``.)
 
-Run (one CUDA GPU, about 100 s on an H200 at seq 2048 before the timing was added; on a CPU, with the profile of
-a model without dropout, it runs too, as a smoke test):
+After the forms, what each one's first forward saves that the first form's does not, and the reverse, by op and
+dtype: with the dropouts saved, each dropout's mask (bool) and output (float) (2-layer GPT-2 on a CPU, 2026-11-29:
+4 masks and 3 outputs, where torchtitan's form saves the random seeds and the biases of the projections it replays).
+
+Run (one CUDA GPU, about 100 s on an H200 at seq 2048 before the timing was added):
   cd <repo> && PYTHONPATH=. python3 benchmarks/probes/compiled_partitioned_ops.py \\
       results/grid/profiles/gpt2-s2048.compiled.json.gz titan,minus-dropouts,peer
+``tiny-cpu`` in place of the profile profiles a 2-layer GPT-2 on the CPU first (20 s), its dropouts run as
+``native_dropout`` as CUDA's eager dropout does (the CPU's runs ``bernoulli_``, which compiled code does not), its
+attention without dropout (SDPA's CPU kernel draws it otherwise than compiled code).
 """
 
 import copy
@@ -37,6 +43,7 @@ from acstudio.export.apply import apply_plan
 from acstudio.plan.compiled import TIMED_MODE, torchtitan_held
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
+from acstudio.profiler import profile_workload
 from acstudio.workload import WorkloadSpec, build_workload
 
 STEPS = int(os.environ.get("PROBE_STEPS", "12"))  # forward and backward passes per variant, the first two compiling
@@ -73,18 +80,36 @@ def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, int]:
     return float(np.median(times[2:])), torch.cuda.max_memory_allocated() if cuda else 0
 
 
+def tiny_cpu_profile() -> Profile:
+    """A 2-layer GPT-2 with dropout, profiled on the CPU with its dropouts run as ``native_dropout`` (and so run
+    from then on in this process)."""
+
+    def native_dropout(x, p=0.5, training=True, inplace=False):
+        return torch.native_dropout(x, p, training)[0] if training and p > 0 else x
+
+    torch.nn.functional.dropout = native_dropout
+    config = (("n_layer", "2"), ("n_embd", "64"), ("n_head", "2"), ("vocab_size", "120"), ("n_positions", "64"),
+              ("attn_pdrop", "0"))
+    return profile_workload(WorkloadSpec("gpt2", batch_size=2, seq_len=64, optimizer="adam", config=config), "cpu")
+
+
 def main(profile_path: str, variants: list[str]) -> int:
     t0 = time.time()
-    profile = Profile.load(profile_path)
+    profile = tiny_cpu_profile() if profile_path == "tiny-cpu" else Profile.load(profile_path)
     ctx = PlanContext(profile)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = build_workload(WorkloadSpec.from_dict(profile.workload)).to(device)
     graphs: list[tuple[bool, Counter, int]] = []
 
+    first_saves: dict[str, Counter] = {}  # per form, its first forward's values out by (op, dtype)
+
     def counting(gm, example_inputs, **kwargs):
         ops = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        saved = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-        graphs.append((bool(kwargs.get("is_backward")), ops, saved))
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        graphs.append((bool(kwargs.get("is_backward")), ops, len(outputs)))
+        if not kwargs.get("is_backward") and variant not in first_saves:
+            first_saves[variant] = Counter((str(getattr(o, "target", o)), str(getattr(o.meta.get("val"), "dtype", "")))
+                                           for o in outputs if isinstance(o, torch.fx.Node))
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
     for variant in variants:
@@ -105,6 +130,10 @@ def main(profile_path: str, variants: list[str]) -> int:
             print(f"{variant:15s} {'bw' if backward else 'fw'} outputs {outputs:4d} ops {sum(ops.values()):5d} "
                   f"{shown}", flush=True)
         del model, workload  # freed once Dynamo's caches are reset, before the next form's peak
+    first = variants[0]
+    for variant in variants[1:]:
+        print(f"{variant} saves, {first} does not: {dict(first_saves[variant] - first_saves[first])}; the reverse: "
+              f"{dict(first_saves[first] - first_saves[variant])}", flush=True)
     print(f"total {time.time() - t0:.0f}s", flush=True)
     return 0
 
