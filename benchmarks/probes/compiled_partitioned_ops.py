@@ -1,13 +1,14 @@
 """What Inductor's partitioner makes of a recompute set: the ops of the forward and backward graphs it compiles, and
 how many values the forward saves, for torchtitan's set as the planner models it (``titan``:
 :func:`acstudio.plan.compiled.torchtitan_held`, applied by ``acstudio.apply_plan``), that set with every dropout
-saved (``minus-dropouts``: the recompute set of GPT-2's offloading compiled plans at a 1% margin) and torchtitan's
-own policy (``peer``: the bench's ``compile+per-op``).
+saved (``minus-dropouts``: the recompute set of GPT-2's offloading compiled plans at a 1% margin), torchtitan's
+own policy (``peer``: the bench's ``compile+per-op``), a plan file's recompute set without its offload
+(``plan:PLAN.json``, as the health probe's ``whole``) and that plan as the bench runs it (``offload:PLAN.json``).
 
-Each variant also runs ``PROBE_STEPS`` forward and backward passes (no optimizer step): the median time of those
-after the two that compile, and the device peak. Torchtitan's policy saves the qkv projection where the planner's
-set saves q, k and v (views of it): whether the planner's own titan set runs as fast as the peer it is calibrated
-on is the other question here (not yet run with the timing: the miss grows with the sequence, as attention does).
+Each variant also runs ``PROBE_STEPS`` training steps: the median times of the forward and backward and of the
+optimizer step after it, from the third step on (the first two compile), and the device peak. Torchtitan's policy
+saves the qkv projection where the planner's set saves q, k and v (views of it): does the planner's own titan set
+run as fast as the peer it is calibrated on?
 
 Why: those GPT-2 plans were priced 4.9 ms under compile+per-op's overhead at seq 2048 (no replay of the
 projection before each block's first dropout) and ran 1.2 ms over it, while their regions and copies cost 0.2 ms
@@ -41,12 +42,14 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from acstudio.bench.steps import enable_per_block, per_op_context
 from acstudio.export.apply import apply_plan
 from acstudio.plan.compiled import TIMED_MODE, torchtitan_held
+from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
 from acstudio.profiler import profile_workload
 from acstudio.workload import WorkloadSpec, build_workload
 
 STEPS = int(os.environ.get("PROBE_STEPS", "12"))  # forward and backward passes per variant, the first two compiling
+BACKEND = os.environ.get("PROBE_BACKEND", "counting")  # "inductor": torch.compile's own, as the bench (no op counts)
 SHOWN = ("mm", "drop", "rand", "attention", "layer_norm", "philox", "seed")  # the ops each graph's line counts
 
 
@@ -59,25 +62,48 @@ def model_of(variant: str, workload, profile: Profile, ctx: PlanContext) -> torc
     if variant == "minus-dropouts":
         nodes, made = ctx.profile.nodes, ctx.rg.created
         titan = [k for k in titan if nodes[made[k]].target != "aten.native_dropout.default"]
+    elif variant.startswith("plan:"):  # a plan's recompute set compiled whole (its regions: the health probe)
+        plan = dataclasses.replace(Plan.load(variant.removeprefix("plan:")), offloaded=[])
+        return apply_plan(workload.model, (profile, plan))
+    elif variant.startswith("offload:"):  # the plan as the bench runs it: its regions compiled alone, with copies
+        plan = Plan.load(variant.removeprefix("offload:"))
+        return apply_plan(workload.model, (profile, plan), {"backend": "inductor"})
     elif variant != "titan":
-        raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts or peer")
+        raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts, peer, plan:PLAN.json or "
+                         "offload:PLAN.json")
     return apply_plan(workload.model, (profile, ctx.plan_for_set("auto", 10**15, titan, "", mode=TIMED_MODE)))
 
 
-def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, int]:
-    """(median ms of a forward and backward from the third on, the device peak over all): the first two compile."""
+def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, float, float, int]:
+    """(median ms of a forward and backward, of the optimizer step after it, and of a whole step, the device peak
+    over all), each from the third step on: the first two compile. The optimizer is the workload's, eager as the
+    bench runs it. ``steps`` steps are synchronized between the backward and the update, so that each is timed
+    alone; as many more are not, as the bench and users run them."""
     cuda = torch.cuda.is_available()
-    times = []
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
+
+    def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
+
+    optimizer = workload.make_optimizer(model)
+    passes, updates, whole = [], [], []
+    for i in range(2 * steps):
+        optimizer.zero_grad(set_to_none=True)
+        sync()
         start = time.perf_counter()
         workload.loss_fn(model, workload.batch).backward()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times[2:])), torch.cuda.max_memory_allocated() if cuda else 0
+        if i < steps:
+            sync()
+            passes.append((time.perf_counter() - start) * 1e3)
+        middle = time.perf_counter()
+        optimizer.step()
+        sync()
+        if i < steps:
+            updates.append((time.perf_counter() - middle) * 1e3)
+        else:
+            whole.append((time.perf_counter() - start) * 1e3)
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    return float(np.median(passes[2:])), float(np.median(updates[2:])), float(np.median(whole[2:])), peak
 
 
 def tiny_cpu_profile() -> Profile:
@@ -120,18 +146,19 @@ def main(profile_path: str, variants: list[str]) -> int:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         workload = dataclasses.replace(base, model=copy.deepcopy(base.model))
-        model = torch.compile(model_of(variant, workload, profile, ctx),
-                              backend=lambda gm, inputs: compile_fx(gm, inputs, inner_compile=counting))
-        ms, peak = timed(model, workload, STEPS)
-        print(f"{variant:15s} forward and backward {ms:.1f} ms (median of {STEPS - 2}), peak "
-              f"{peak / 2**20:.0f} MiB", flush=True)
+        backend = "inductor" if BACKEND == "inductor" else (
+            lambda gm, inputs: compile_fx(gm, inputs, inner_compile=counting))
+        model = torch.compile(model_of(variant, workload, profile, ctx), backend=backend)
+        ms, step_ms, whole_ms, peak = timed(model, workload, STEPS)
+        print(f"{variant:15s} forward and backward {ms:.1f} ms, optimizer step {step_ms:.1f} ms, unsynchronized "
+              f"step {whole_ms:.1f} ms (medians of {STEPS - 2}), peak {peak / 2**20:.0f} MiB", flush=True)
         for backward, ops, outputs in graphs:
             shown = {op: n for op, n in sorted(ops.items()) if any(s in op for s in SHOWN)}
             print(f"{variant:15s} {'bw' if backward else 'fw'} outputs {outputs:4d} ops {sum(ops.values()):5d} "
                   f"{shown}", flush=True)
         del model, workload  # freed once Dynamo's caches are reset, before the next form's peak
     first = variants[0]
-    for variant in variants[1:]:
+    for variant in variants[1:] if first in first_saves else ():
         print(f"{variant} saves, {first} does not: {dict(first_saves[variant] - first_saves[first])}; the reverse: "
               f"{dict(first_saves[first] - first_saves[variant])}", flush=True)
     print(f"total {time.time() - t0:.0f}s", flush=True)
