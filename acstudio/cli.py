@@ -466,10 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan for torch.compile (exported with --format sac): the measured peak of the compiled model "
                         "with every block checkpointed (`acstudio bench ... --configs compile+per-block`), which "
                         "calibrates the compiled prediction; --budget is then the compiled step's")
-    p.add_argument("--compiled-step-ms", metavar="COMPILE,PER_BLOCK[,PER_OP]",
+    p.add_argument("--compiled-step-ms", metavar="COMPILE,PER_BLOCK[,PER_OP[,REGIONS]]",
                    help="with --compiled-per-block-peak: the measured median step times (ms) of compile and "
-                        "compile+per-block (and compile+per-op, which prices the fused ops a replay reruns), which "
-                        "calibrate the compiled replay times the planner prices plans at")
+                        "compile+per-block (and compile+per-op, which prices the fused ops a replay reruns, and "
+                        "compile+per-op+regions, which prices the form an offloading plan runs in), which "
+                        "calibrate the compiled times the planner prices plans at")
     p.add_argument("--compiled-per-op-peak", metavar="PEAK",
                    help="with --compiled-per-block-peak: the measured peak of compile+per-op (torchtitan's policy), "
                         "a second calibration point for the compiled prediction, which is then exact at both")
@@ -508,7 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_optimizer_args(p)
     p.add_argument("--configs", default="eager,per-block,captured,rewritten",
                    help="comma-separated: eager, captured, per-block, per-op, compile, compile@R, compile+per-block, "
-                        "compile+per-op, rewritten, rewritten@B, sac@B, sac+compile@B, and fsdp+/ddp+ before any "
+                        "compile+per-op, compile+per-op+regions, rewritten, rewritten@B, sac@B, sac+compile@B, "
+                        "per-block+offload, offload, and fsdp+/ddp+ before any "
                         "of eager, per-block, per-op, sac@B (with --nproc) (B: a budget such as 6GiB or 60%%, or "
                         "another configuration, e.g. rewritten@per-block plans for per-block's measured peak at "
                         "the same batch size; per-block*1.15 for 1.15 times it)")

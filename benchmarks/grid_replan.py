@@ -27,7 +27,9 @@ def compiled_plan_of(rows: dict[str, dict], profile: Profile):
     """The plan ``acstudio bench`` makes for a compiled part's ``sac+compile@compile+per-op`` row, from the part's
     calibration rows (by configuration) and its profile."""
     per_block, per_op, plain = rows["compile+per-block"], rows["compile+per-op"], rows["compile"]
-    times = CompiledTimes(plain["time_ms_median"], per_block["time_ms_median"], per_op["time_ms_median"])
+    regions = rows.get("compile+per-op+regions")  # measured by the bench since 2026-11-29 (the fifteenth session)
+    times = CompiledTimes(plain["time_ms_median"], per_block["time_ms_median"], per_op["time_ms_median"],
+                          regions["time_ms_median"] if regions else None)
     budget = int(per_op["peak_bytes"])
     second_peak = budget if per_op["peak_bytes"] > per_block["peak_bytes"] else None
     return compiled_plan(profile, budget, int(per_block["peak_bytes"]), second_peak, times, one_device=True)

@@ -605,3 +605,22 @@ def test_sigterm_keeps_the_rows_bench_measured(faulty, tmp_path):
     kept = BenchResults.load(out)
     assert [(r["config"], r["status"]) for r in kept.rows] == [("eager", "ok")]
     assert (out / "bench.csv").exists() and "eager" in stdout
+
+
+def test_compile_per_op_regions_runs_the_first_block_alone_and_trains_as_compile_per_op():
+    """The regions form (the calibration of an offloading compiled plan's price): the first block compiled on its own
+    inside hooks that copy nothing, the model compiled around it; it trains as compile+per-op, to rounding."""
+    spec = tiny_spec("gpt2", config=(("n_layer", "2"), ("n_embd", "32"), ("n_head", "2"), ("vocab_size", "64"),
+                                     ("n_positions", "16"), ("resid_pdrop", "0"), ("embd_pdrop", "0"),
+                                     ("attn_pdrop", "0")))
+    rows = {}
+    for config in ("compile+per-op", "compile+per-op+regions"):
+        rows[config] = run_config(worker_cfg(spec, config, compile_backend="aot_eager"))
+        torch._dynamo.reset()
+        assert rows[config]["status"] == "ok", rows[config]["message"]
+        assert rows[config]["baseline"] == "compile"
+    regions = rows["compile+per-op+regions"]
+    assert regions["details"]["compiled"] == "transformer.h.0 alone, the loop eager"
+    assert regions["details"]["checkpointed_blocks"] == rows["compile+per-op"]["details"]["checkpointed_blocks"] == 2
+    assert regions["loss"] == pytest.approx(rows["compile+per-op"]["loss"], rel=1e-5)
+    assert not BenchConfig.parse("compile+per-op+regions").spec.parallel_ok

@@ -228,6 +228,33 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
     assert kept.compiled_extra_ms == recompute.compiled_extra_ms
 
 
+def test_with_the_regions_form_measured_an_offloading_plan_is_priced_with_it_and_needs_no_margin(monkeypatch):
+    """With compile+per-op+regions' time (the form an offloading plan runs in, measured on torchtitan's policy) the
+    planner adds what that form costs over compile+per-op to every offloading plan and takes one that is faster at
+    all: no margin, which stood for that cost unmeasured. A form dearer than any offload's gain keeps the recompute
+    plan; one cheaper than it keeps the offload, its price raised by the form's cost."""
+    profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
+    times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # as the test above
+    budget = with_headroom(measured, COMPILED_HEADROOM)
+    ctx = PlanContext(profile, offload=True)
+    unmeasured = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
+    recompute = plan_compiled(PlanContext(profile), budget, measured, times=times, measured_budget=measured)
+    gain = recompute.compiled_extra_ms - unmeasured.compiled_extra_ms
+    assert unmeasured.offloaded and gain > 0
+    monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", 1.0)  # not applied where the form was measured
+    cheap = dataclasses.replace(times, regions_ms=times.per_op_ms + gain / 4)
+    assert cheap.regions_cost_ms == pytest.approx(gain / 4)
+    priced = plan_compiled(ctx, budget, measured, times=cheap, measured_budget=measured)
+    assert priced.offloaded == unmeasured.offloaded
+    assert priced.compiled_extra_ms == pytest.approx(unmeasured.compiled_extra_ms + gain / 4)
+    assert "the form's measured cost" in priced.stop_reason
+    # dearer than every offloading plan's gain: more than the recompute plan's whole overhead
+    dear_form = dataclasses.replace(times, regions_ms=times.per_op_ms + recompute.compiled_extra_ms + 0.1)
+    dear = plan_compiled(ctx, budget, measured, times=dear_form, measured_budget=measured)
+    assert not dear.offloaded and dear.compiled_extra_ms == recompute.compiled_extra_ms
+    assert CompiledTimes(1.0, 1.5, 1.2, 1.1).regions_cost_ms == 0.0  # a form that ran faster costs nothing
+
+
 def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_measurement(monkeypatch):
     """The 953M decoder at seq 512 (grid, H100): compile+per-block and compile+per-op both peak in the AdamW step,
     which no activation decision moves, so under the bench's 0.5% headroom no plan fits; one that peaks there with

@@ -9,6 +9,7 @@ from acstudio.bench import runner
 from acstudio.bench.configs import BenchConfig
 from acstudio.bench.steps import COMPILED_HEADROOM, HEADROOM, with_headroom
 from acstudio.bench.worker import run_config
+from acstudio.errors import ACStudioError
 from acstudio.plan.baselines import MATMULS, is_attention, per_module, per_op
 from acstudio.plan.compiled import (
     TIMED_MODE,
@@ -210,6 +211,15 @@ def test_compiled_step_times_parse():
     assert CompiledTimes.parse("23.5,28.3") == TIMES
     assert CompiledTimes.parse(str(TIMES)) == TIMES  # what bench hands its workers
     assert CompiledTimes.parse(str(WITH_PER_OP)) == WITH_PER_OP == CompiledTimes.parse("23.5,28.3,25.3")
+    with_regions = CompiledTimes.parse("23.5,28.3,25.3,27.5")
+    assert with_regions == dataclasses.replace(WITH_PER_OP, regions_ms=27.5) == CompiledTimes.parse(str(with_regions))
+    assert with_regions.regions_cost_ms == pytest.approx(2.2) and WITH_PER_OP.regions_cost_ms is None
+    for bad, says in (("23.5,28.3,25.3,27.5,1", "two to four numbers"), ("23.5,x", "two to four numbers"),
+                      ("23.5,28.3,25.3,-1", "positive")):
+        with pytest.raises(ACStudioError, match=says):
+            CompiledTimes.parse(bad)
+    with pytest.raises(ACStudioError, match="priced against compile\\+per-op's"):
+        CompiledTimes(23.5, 28.3, None, 27.5)
 
 
 def test_with_compile_per_ops_time_both_calibration_points_are_predicted_exactly(ctx):
@@ -287,13 +297,13 @@ def test_at_compile_per_ops_own_peak_its_measured_set_needs_no_planning_headroom
 
 
 def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(tmp_path, monkeypatch):
-    """bench measures compile+per-block, compile and compile+per-op first (once each) and hands their peaks and
-    step times to every sac+compile worker."""
+    """bench measures compile+per-block, compile, compile+per-op and compile+per-op+regions first (once each) and
+    hands their peaks and step times to every sac+compile worker."""
     seen = []
 
     def fake_worker(cfg, stem, **kwargs):
         seen.append(cfg)
-        ms = {"compile+per-block": 1.5, "compile+per-op": 1.2}.get(cfg["config"], 1.0)
+        ms = {"compile+per-block": 1.5, "compile+per-op": 1.2, "compile+per-op+regions": 1.3}.get(cfg["config"], 1.0)
         peak = {"compile+per-op": 1500 * MiB}.get(cfg["config"], 1000 * MiB)
         return runner.base_row(cfg) | {"status": "ok", "peak_bytes": peak, "time_ms_median": ms, "time_ms_iqr": 0.0}
 
@@ -306,10 +316,11 @@ def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(t
     assert [cfg["config"] for cfg in seen].count("compile+per-block") == 1
     assert [cfg["config"] for cfg in seen].count("compile") == 1
     assert [cfg["config"] for cfg in seen].count("compile+per-op") == 1
+    assert [cfg["config"] for cfg in seen].count("compile+per-op+regions") == 1
     for name in ("sac+compile@3GiB", "sac+compile@compile+per-op"):
         assert by_config[name]["compiled_per_block_peak"] == f"{1000 * MiB}B"
         assert by_config[name]["compiled_per_op_peak"] == f"{1500 * MiB}B"
-        assert CompiledTimes.parse(by_config[name]["compiled_step_ms"]) == CompiledTimes(1.0, 1.5, 1.2)
+        assert CompiledTimes.parse(by_config[name]["compiled_step_ms"]) == CompiledTimes(1.0, 1.5, 1.2, 1.3)
     assert "compiled_per_block_peak" not in by_config["sac@3GiB"]
     assert BenchConfig.parse("fsdp+sac+compile@fsdp+per-block").spec.compiled
 

@@ -5,7 +5,8 @@ A name is ``[PARALLEL+]KIND[@ARG]``:
 * ``KIND``: ``eager``, ``captured``, ``rewritten@B``, ``per-block`` (every block under non-reentrant
   ``torch.utils.checkpoint``; Hugging Face's ``gradient_checkpointing_enable``), ``per-op`` (torchtitan's
   op-level selective checkpointing per block), ``compile``, ``compile@R`` (``activation_memory_budget=R``),
-  ``compile+per-block``, ``compile+per-op``, ``sac@B`` and ``sac+compile@B`` (our plan at budget B, exported
+  ``compile+per-block``, ``compile+per-op``, ``compile+per-op+regions`` (compile+per-op as an offloading
+  compiled plan runs: its blocks compiled one by one), ``sac@B`` and ``sac+compile@B`` (our plan at budget B, exported
   as selective-checkpoint policies and applied with :func:`acstudio.apply_plan`, eager or compiled),
   ``per-block+offload`` and ``offload`` (the offload peers: saved tensors on the host);
 * ``PARALLEL``: ``fsdp`` (FSDP2, ``fully_shard`` per block and on the root) or ``ddp``, run under
@@ -62,6 +63,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          compiled=True),
     Kind("compile+per-op", "torch.compile of the op-level selective checkpointed model", "prepare_per_op",
          "compile", compiled=True),
+    Kind("compile+per-op+regions", "compile+per-op with its first block compiled on its own inside offload hooks "
+         "that copy nothing: the form an offloading compiled plan runs in (the loop over the blocks eager, each "
+         "block compiled alone), which calibrates sac+compile's price of it", "prepare_per_op_regions", "compile",
+         parallel_ok=False, compiled=True),
     Kind("sac", "the plan at budget B applied as selective checkpointing (acstudio.apply_plan)", "prepare_sac",
          "eager", arg="budget", arg_required=True, planner="export_sac_plan"),
     Kind("sac+compile", "the SAC-applied plan at budget B, under torch.compile", "prepare_sac", "compile",

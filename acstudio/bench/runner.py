@@ -153,12 +153,15 @@ class _Bench:
             cfg["budget"] = f"{int(ref_row['peak_bytes'] * reference.factor)}B"
         if config.kind == "sac+compile":
             # the compiled prediction is calibrated on compile+per-block's and compile+per-op's measured peaks,
-            # and the compiled replay times on their step times against compile's (acstudio.plan.compiled); one
-            # rank under FSDP2/DDP calibrates on compile+per-block only
+            # the compiled replay times on their step times against compile's, and an offloading plan's form on
+            # compile+per-op+regions' against compile+per-op's (acstudio.plan.compiled); one rank under FSDP2/DDP
+            # calibrates on compile+per-block only
             per_block = self.measure(BenchConfig("compile+per-block", None, config.parallel), batch_size, phase, total)
             plain = self.measure(BenchConfig("compile", None, config.parallel), batch_size, phase, total)
-            per_op = (self.measure(BenchConfig("compile+per-op", None, None), batch_size, phase, total)
-                      if config.parallel is None else {})
+            per_op, regions = ((self.measure(BenchConfig("compile+per-op", None, None), batch_size, phase, total),
+                                self.measure(BenchConfig("compile+per-op+regions", None, None), batch_size, phase,
+                                             total))
+                               if config.parallel is None else ({}, {}))
             if per_block["status"] == "ok" and per_block.get("peak_bytes"):
                 cfg["compiled_per_block_peak"] = f"{int(per_block['peak_bytes'])}B"
                 if per_op.get("status") == "ok" and per_op.get("peak_bytes", 0) > per_block["peak_bytes"]:
@@ -167,6 +170,8 @@ class _Bench:
                     times = [plain["time_ms_median"], per_block["time_ms_median"]]
                     if per_op.get("status") == "ok" and per_op.get("time_ms_median"):
                         times.append(per_op["time_ms_median"])
+                        if regions.get("status") == "ok" and regions.get("time_ms_median"):
+                            times.append(regions["time_ms_median"])
                     cfg["compiled_step_ms"] = ",".join(repr(t) for t in times)
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
         if config.spec.planner is not None:  # profile and plan in a process of their own (Kind.planner)

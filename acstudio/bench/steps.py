@@ -52,7 +52,7 @@ class Request:
     budget: str | None = None
     compiled_per_block_peak: str | None = None  # compile+per-block's measured peak, for sac+compile's prediction
     compiled_per_op_peak: str | None = None  # compile+per-op's: its second calibration point
-    compiled_step_ms: str | None = None  # compile's, compile+per-block's (compile+per-op's): sac+compile's planner
+    compiled_step_ms: str | None = None  # compile's, compile+per-block's (compile+per-op's, +regions'): its planner
     dist: Any = None  # acstudio.bench.distributed.Ranks
     nproc: int = 1  # ranks of an fsdp+/ddp+ configuration (its planning process runs alone)
 
@@ -109,6 +109,22 @@ def prepare_per_block(req: Request) -> Prepared:
 
 def prepare_per_op(req: Request) -> Prepared:
     return model_step(req, lambda workload: {"checkpointed_blocks": enable_per_block(workload, per_op_context)})
+
+
+def prepare_per_op_regions(req: Request) -> Prepared:
+    """compile+per-op in the form a compiled plan that offloads runs in (:func:`acstudio.export.apply.run_as_region`):
+    its first block compiled on its own inside the offload hooks, which copy nothing here. Dynamo cannot resume
+    inside the model's loop over its blocks, so the loop runs eager and every other block compiles alone too."""
+    from acstudio.export.apply import RegionOffload, run_as_region
+
+    def apply(workload: Workload) -> dict[str, Any]:
+        checkpointed = enable_per_block(workload, per_op_context)
+        first = find_blocks(workload)[0]
+        name = next(n for n, m in workload.model.named_modules() if m is first)
+        run_as_region(first, name, RegionOffload(0, {}), {"backend": req.compile_backend})
+        return {"checkpointed_blocks": checkpointed, "compiled": f"{name} alone, the loop eager"}
+
+    return model_step(req, apply)
 
 
 def prepare_per_block_offload(req: Request) -> Prepared:

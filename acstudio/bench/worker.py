@@ -6,9 +6,10 @@ as the ``done`` message of :mod:`acstudio.child_process`. The config holds
 optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's resolved budget),
 ``compiled_per_block_peak`` and ``compiled_per_op_peak`` (compile+per-block's and compile+per-op's measured
 peaks, which calibrate a compiled plan),
-``compiled_step_ms`` (compile's, compile+per-block's and compile+per-op's step times, which calibrate its replay
-times) and ``command`` (the ``acstudio bench`` line that reproduces it). A fresh process per configuration means no
-allocator cache, compile cache, functorch setting or fragmentation carries over from another configuration.
+``compiled_step_ms`` (compile's, compile+per-block's, compile+per-op's and compile+per-op+regions' step times,
+which calibrate its replay times and the form an offloading plan runs in) and ``command`` (the ``acstudio bench``
+line that reproduces it). A fresh process per configuration means no allocator cache, compile cache, functorch
+setting or fragmentation carries over from another configuration.
 With ``"task": "plan"`` it runs a planned configuration's profiling and planning instead
 (:func:`acstudio.bench.steps.plan_ahead`), in a process before the measuring one.
 

@@ -69,9 +69,15 @@ What a block compiled on its own saves does pass through plain saved-tensors hoo
 on torch 2.11 too. So a compiled plan may run its first K blocks so, with everything they save offloaded
 (:func:`with_region_offload`; simulated by the "sac-compiled" mode's offload, run by ``apply_plan``'s
 ``RegionOffload``): its recompute set is searched until, with those saves off the device, its peak meets the
-budget, and it is kept where it is faster than the plan without offload by a margin. Measured with the probe
+budget, and it is kept where it is faster than the plan without offload. Measured with the probe
 ``benchmarks/probes/compiled_offload_plan.py`` on GPT-2 (seq 512, H100), five blocks so ran 310.3 ms against
 compile+per-op's 316.1, at a lower peak.
+
+Running blocks so has a cost of its own: Dynamo cannot resume inside a loop, so the model's loop over its blocks
+runs eager and every block compiles alone. The copies and their stalls are simulated; that form is not. The bench
+measures it on torchtitan's policy (``compile+per-op+regions``, :class:`CompiledTimes`) and the planner adds what
+it costs over compile+per-op to every offloading plan; without that measurement an offloading plan must be
+predicted faster by ``OFFLOAD_MARGIN`` of the step.
 """
 
 from __future__ import annotations
@@ -94,16 +100,14 @@ from acstudio.simulate.sac import sac_blocks
 from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
 
-# A plan that offloads (more blocks) is taken only where it is predicted faster by this share of the step: what
-# the simulator does not see in such a plan costs more the longer the sequence. On the H200, GPT-2's offloading
-# plans (16384 tokens; torchtitan's set with every dropout saved, the first 2 blocks offloaded) ran over their
-# predicted time by 0.7%, 1.1% and 1.3% of the step at seq 512, 1024 and 2048, BERT's by -0.1% to 0.7%. With this
-# margin GPT-2's plans ran 0.990, 0.997 and 1.003 of compile+per-op's step
-# (results/probes/compiled_offload_margin_1pct_headroom_gpt2_h200.txt); at 2.2%, above every miss seen (the
-# H100's 2.0%), the planner took torchtitan's set there, 1.001, 1.0009 and 1.002: the lower margin wins two shapes
-# and loses 0.1% of the step on the third. The miss is not the regions' or the copies' (0.2 ms at seq 2048,
-# results/probes/compiled_offload_health_s2048_h200.txt): it is in the recompute set's price (saving the dropouts
-# drops 13 replayed projections from the compiled backward, priced 4.9 ms, and the step is no faster; open work).
+# A plan that offloads (more blocks) is taken only where it is predicted faster by this share of the step, unless
+# the form it runs in was measured (CompiledTimes.regions_ms): its blocks compiled one by one, the model's loop over
+# them eager, which the simulator does not see. On the H200 GPT-2's offloading plans (torchtitan's set with every
+# dropout saved, the first 2 blocks offloaded) ran in that form 2.8 and 7.4 ms slower (0.9% and 1.7% of the step)
+# at seq 512 and 2048 than their recompute set compiled whole, which ran 6.0-7.7 ms faster than compile+per-op, as
+# predicted (results/probes/compiled_regions_cost_gpt2_h200.txt). With this margin GPT-2's grid plans ran 0.990,
+# 0.997 and 1.003 of compile+per-op's step (results/probes/compiled_offload_margin_1pct_headroom_gpt2_h200.txt);
+# at 2.2% the planner took torchtitan's set there, 1.001, 1.0009 and 1.002.
 OFFLOAD_MARGIN = 0.01
 # Between two offloading plans whose predicted times differ by less than this share of the step, the one moving
 # fewer bytes: on the H200 the compiled offloading plans ran within 0.2-1.2% of the step of their predicted time,
@@ -141,35 +145,50 @@ def compiled_offset(ctx: PlanContext, measured_per_block_peak: int, measured_per
 @dataclass(frozen=True)
 class CompiledTimes:
     """Measured median step times of the compiled model without checkpointing and under per-block checkpointing,
-    and, where measured, under torchtitan's op-level policy (compile+per-op)."""
+    and, where measured, under torchtitan's op-level policy (compile+per-op) and under that policy in the form a
+    plan that offloads runs (``regions_ms``: compile+per-op+regions, its first block compiled on its own inside
+    the offload hooks, so that the model's loop over its blocks runs eager and each block compiles alone)."""
 
     compile_ms: float
     per_block_ms: float
     per_op_ms: float | None = None
+    regions_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not all(t > 0 for t in self.given):
             raise ACStudioError(f"compiled step times must be positive milliseconds, not "
                                 f"{', '.join(f'{t:g}' for t in self.given)} — give compile's and compile+per-block's "
-                                "(and compile+per-op's), e.g. 23.0,27.2")
+                                "(and compile+per-op's, and compile+per-op+regions'), e.g. 23.0,27.2")
+        if self.regions_ms is not None and self.per_op_ms is None:
+            raise ACStudioError("compile+per-op+regions' step time is priced against compile+per-op's — give "
+                                "compile's, compile+per-block's, compile+per-op's and compile+per-op+regions'")
 
     @property
     def given(self) -> list[float]:
         """The times measured, in the order they are written."""
-        return [self.compile_ms, self.per_block_ms] + ([self.per_op_ms] if self.per_op_ms is not None else [])
+        return [t for t in (self.compile_ms, self.per_block_ms, self.per_op_ms, self.regions_ms) if t is not None]
+
+    @property
+    def regions_cost_ms(self) -> float | None:
+        """What running a plan's blocks in the offload form costs over compiling the model whole, measured on
+        torchtitan's policy (nothing where that form ran faster); None where it was not measured."""
+        if self.regions_ms is None or self.per_op_ms is None:
+            return None
+        return max(self.regions_ms - self.per_op_ms, 0.0)
 
     @classmethod
     def parse(cls, text: str) -> CompiledTimes:
-        """``"23.0,27.2"`` or ``"23.0,27.2,24.1"``: compile's, compile+per-block's (and compile+per-op's) step
-        times in ms."""
+        """``"23.0,27.2"``, ``"23.0,27.2,24.1"`` or ``"23.0,27.2,24.1,24.6"``: compile's, compile+per-block's (and
+        compile+per-op's, and compile+per-op+regions') step times in ms."""
         parts = text.split(",")
         try:
             values = [float(v) for v in parts]
         except ValueError:
             values = []
-        if len(values) not in (2, 3) or not all(np.isfinite(values)):
-            raise ACStudioError(f"compiled step times {text!r} are not two or three numbers — give compile's and "
-                                "compile+per-block's (and compile+per-op's) median step times in ms, e.g. 23.0,27.2")
+        if len(values) not in (2, 3, 4) or not all(np.isfinite(values)):
+            raise ACStudioError(f"compiled step times {text!r} are not two to four numbers — give compile's and "
+                                "compile+per-block's (and compile+per-op's, and compile+per-op+regions') median step "
+                                "times in ms, e.g. 23.0,27.2")
         return cls(*values)
 
     def __str__(self) -> str:
@@ -360,7 +379,7 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
         known = [ctx.plan_for_set(found.solver, budget + offset, ctx.sim.indices(found.recomputed), found.stop_reason,
                                   mode=COMPILED_MODE)]
         if times.per_op_ms is not None:
-            kernels_only = compiled_context(ctx, dataclasses.replace(times, per_op_ms=None))
+            kernels_only = compiled_context(ctx, dataclasses.replace(times, per_op_ms=None, regions_ms=None))
             known.append(fastest_in_compiled_memory(kernels_only, budget + offset, solver, cancel))
         repriced = [timed.plan_for_set(p.solver, budget + offset, timed.sim.indices(p.recomputed), p.stop_reason,
                                        mode=TIMED_MODE) for p in known]
@@ -388,27 +407,34 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
                                            mode=TIMED_MODE)
             if per_block.feasible:
                 fits_measured = (per_block, at_measured)
+    regions_cost = times.regions_cost_ms if times is not None else None
     offloads = with_region_offload(ctx, timed, found, budget + offset, solver, cancel,
-                                   measured=fits_measured[0] if fits_measured else None, progress=progress)
+                                   measured=fits_measured[0] if fits_measured else None, progress=progress,
+                                   regions_cost_ms=regions_cost)
     report(progress, 1, 1, "planned for torch.compile")
     if fits_measured is not None and (offloads is fits_measured[0] or not offloads.feasible):
         # it fits by measurement: planned at the budget without headroom, as the measured plan was
         at_measured = fits_measured[1]
         if offloads is not fits_measured[0]:
-            offloads = timed.plan_for_set(offloads.solver, measured_budget + at_measured,
-                                          timed.sim.indices(offloads.recomputed), offloads.stop_reason,
-                                          mode=TIMED_MODE,
-                                          offloaded=[timed.rg.act_index[a] for a in offloads.offloaded])
+            offloads = in_regions(timed.plan_for_set(offloads.solver, measured_budget + at_measured,
+                                                     timed.sim.indices(offloads.recomputed), offloads.stop_reason,
+                                                     mode=TIMED_MODE,
+                                                     offloaded=[timed.rg.act_index[a] for a in offloads.offloaded]),
+                                  regions_cost)
         return as_compiled(ctx, offloads, measured_budget, at_measured, times is not None, why)
     return as_compiled(ctx, offloads, budget, offset, times is not None, why)
 
 
 def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budget: int, solver: str,
                         cancel: CancelToken | None, measured: Plan | None = None,
-                        progress: ProgressFn | None = None) -> Plan:
-    """``found`` or, where one is faster within ``budget`` (compiled memory) by ``OFFLOAD_MARGIN`` of the step, a
-    plan that runs the first K blocks compiled one by one with what they save offloaded (the sac-compiled mode's
-    offload), over K = 1, 2, ...
+                        progress: ProgressFn | None = None, regions_cost_ms: float | None = None) -> Plan:
+    """``found`` or, where one is faster within ``budget`` (compiled memory), a plan that runs the first K blocks
+    compiled one by one with what they save offloaded (the sac-compiled mode's offload), over K = 1, 2, ...
+
+    ``regions_cost_ms`` is what that form costs over the model compiled whole, measured on torchtitan's policy
+    (:attr:`CompiledTimes.regions_cost_ms`); each offloading plan is priced with it (:func:`in_regions`) and taken
+    where it is faster at all. Where it was not measured, an offloading plan is taken only where it is predicted
+    faster by ``OFFLOAD_MARGIN`` of the step, which covers it.
 
     The margin weighs offloading against recomputing only, the choice whose error it covers. Of the offloading
     plans past it, the one that moves the fewest bytes of those within ``OFFLOAD_TIE`` of the step of the fastest
@@ -445,17 +471,28 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
         if offloaded is None:
             continue
         if fits(offloaded):
-            candidates.append(dataclasses.replace(offloaded, stop_reason=f"{offloaded.stop_reason}; the first {k} "
-                                                  "blocks compiled one by one, what they save offloaded"))
+            candidates.append(in_regions(dataclasses.replace(
+                offloaded, stop_reason=f"{offloaded.stop_reason}; the first {k} blocks compiled one by one, what "
+                "they save offloaded"), regions_cost_ms))
         if offloaded.offload_stall_ms > 0:
             break
     if not candidates:
         return found
     fastest = min(p.predicted_extra_ms for p in candidates)
-    tie_ms, margin_ms = OFFLOAD_TIE * ctx.profile.iteration_ms, OFFLOAD_MARGIN * ctx.profile.iteration_ms
+    tie_ms = OFFLOAD_TIE * ctx.profile.iteration_ms
+    margin_ms = OFFLOAD_MARGIN * ctx.profile.iteration_ms if regions_cost_ms is None else 0.0
     taken = [p for p in candidates if p.predicted_extra_ms <= fastest + tie_ms
              and p.predicted_extra_ms < found.predicted_extra_ms - margin_ms]
     return min(taken, key=lambda p: p.offload_bytes) if taken else found
+
+
+def in_regions(plan: Plan, cost_ms: float | None) -> Plan:
+    """``plan`` priced, where it offloads, with what running its blocks in the offload form costs (``cost_ms``,
+    measured; unpriced where None): the simulator sees the copies and their stalls, not the graph breaks."""
+    if cost_ms is None or not plan.offloaded:
+        return plan
+    return dataclasses.replace(plan, predicted_extra_ms=plan.predicted_extra_ms + cost_ms,
+                               stop_reason=f"{plan.stop_reason} (+{cost_ms:.2f} ms, the form's measured cost)")
 
 
 FILL_ROUNDS = 8  # searches per K: with 4, BERT seq 1024's chosen K stopped 2.2% under the budget (97.5% measured)
