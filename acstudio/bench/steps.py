@@ -112,19 +112,25 @@ def prepare_per_op(req: Request) -> Prepared:
 
 
 def prepare_per_op_regions(req: Request) -> Prepared:
-    """compile+per-op in the form a compiled plan that offloads runs in (:func:`acstudio.export.apply.run_as_region`):
-    its first block compiled on its own inside the offload hooks, which copy nothing here. Dynamo cannot resume
-    inside the model's loop over its blocks, so the loop runs eager and every other block compiles alone too."""
-    from acstudio.export.apply import RegionOffload, run_as_region
+    """compile+per-op in the form a compiled plan that offloads runs in (:func:`first_block_as_region`)."""
 
     def apply(workload: Workload) -> dict[str, Any]:
         checkpointed = enable_per_block(workload, per_op_context)
-        first = find_blocks(workload)[0]
-        name = next(n for n, m in workload.model.named_modules() if m is first)
-        run_as_region(first, name, RegionOffload(0, {}), {"backend": req.compile_backend})
-        return {"checkpointed_blocks": checkpointed, "compiled": f"{name} alone, the loop eager"}
+        return {"checkpointed_blocks": checkpointed, "compiled": first_block_as_region(workload, req.compile_backend)}
 
     return model_step(req, apply)
+
+
+def first_block_as_region(workload: Workload, compile_backend: str | Callable) -> str:
+    """Run the workload's first block as a region (:func:`acstudio.export.apply.run_as_region`): compiled on its own
+    inside the offload hooks, which copy nothing here. Dynamo cannot resume inside the model's loop over its blocks,
+    so compiled around it the loop runs eager and every other block compiles alone too. Says what it did."""
+    from acstudio.export.apply import RegionOffload, run_as_region
+
+    first = find_blocks(workload)[0]
+    name = next(n for n, m in workload.model.named_modules() if m is first)
+    run_as_region(first, name, RegionOffload(0, {}), {"backend": compile_backend})
+    return f"{name} alone, the loop eager"
 
 
 def prepare_per_block_offload(req: Request) -> Prepared:

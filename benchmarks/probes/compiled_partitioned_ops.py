@@ -2,8 +2,9 @@
 how many values the forward saves, for torchtitan's set as the planner models it (``titan``:
 :func:`acstudio.plan.compiled.torchtitan_held`, applied by ``acstudio.apply_plan``), that set with every dropout
 saved (``minus-dropouts``: the recompute set of GPT-2's offloading compiled plans at a 1% margin), torchtitan's
-own policy (``peer``: the bench's ``compile+per-op``), a plan file's recompute set without its offload
-(``plan:PLAN.json``, as the health probe's ``whole``) and that plan as the bench runs it (``offload:PLAN.json``).
+own policy (``peer``: the bench's ``compile+per-op``; ``peer-regions``: its ``compile+per-op+regions``), a plan
+file's recompute set without its offload (``plan:PLAN.json``, as the health probe's ``whole``) and that plan as the
+bench runs it (``offload:PLAN.json``).
 
 Each variant also runs ``PROBE_STEPS`` training steps: the median times of the forward and backward and of the
 optimizer step after it, from the third step on (the first two compile), and the device peak. Torchtitan's policy
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from acstudio.bench.steps import enable_per_block, per_op_context
+from acstudio.bench.steps import enable_per_block, first_block_as_region, per_op_context
 from acstudio.export.apply import apply_plan
 from acstudio.plan.compiled import TIMED_MODE, torchtitan_held
 from acstudio.plan.model import Plan
@@ -53,10 +54,12 @@ BACKEND = os.environ.get("PROBE_BACKEND", "counting")  # "inductor": torch.compi
 SHOWN = ("mm", "drop", "rand", "attention", "layer_norm", "philox", "seed")  # the ops each graph's line counts
 
 
-def model_of(variant: str, workload, profile: Profile, ctx: PlanContext) -> torch.nn.Module:
-    """The workload's model under ``variant``'s checkpointing."""
-    if variant == "peer":
+def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend) -> torch.nn.Module:
+    """The workload's model under ``variant``'s checkpointing; ``backend`` compiles what runs as a region."""
+    if variant in ("peer", "peer-regions"):
         enable_per_block(workload, per_op_context)
+        if variant == "peer-regions":  # the bench's compile+per-op+regions
+            first_block_as_region(workload, backend)
         return workload.model
     titan = torchtitan_held(ctx)
     if variant == "minus-dropouts":
@@ -67,10 +70,10 @@ def model_of(variant: str, workload, profile: Profile, ctx: PlanContext) -> torc
         return apply_plan(workload.model, (profile, plan))
     elif variant.startswith("offload:"):  # the plan as the bench runs it: its regions compiled alone, with copies
         plan = Plan.load(variant.removeprefix("offload:"))
-        return apply_plan(workload.model, (profile, plan), {"backend": "inductor"})
+        return apply_plan(workload.model, (profile, plan), {"backend": backend})
     elif variant != "titan":
-        raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts, peer, plan:PLAN.json or "
-                         "offload:PLAN.json")
+        raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts, peer, peer-regions, "
+                         "plan:PLAN.json or offload:PLAN.json")
     return apply_plan(workload.model, (profile, ctx.plan_for_set("auto", 10**15, titan, "", mode=TIMED_MODE)))
 
 
@@ -121,6 +124,9 @@ def tiny_cpu_profile() -> Profile:
 
 def main(profile_path: str, variants: list[str]) -> int:
     t0 = time.time()
+    # a graph served from Inductor's or AOTAutograd's cache is never handed to the counting compiler: compile all
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
     profile = tiny_cpu_profile() if profile_path == "tiny-cpu" else Profile.load(profile_path)
     ctx = PlanContext(profile)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -148,7 +154,7 @@ def main(profile_path: str, variants: list[str]) -> int:
         workload = dataclasses.replace(base, model=copy.deepcopy(base.model))
         backend = "inductor" if BACKEND == "inductor" else (
             lambda gm, inputs: compile_fx(gm, inputs, inner_compile=counting))
-        model = torch.compile(model_of(variant, workload, profile, ctx), backend=backend)
+        model = torch.compile(model_of(variant, workload, profile, ctx, backend), backend=backend)
         ms, step_ms, whole_ms, peak = timed(model, workload, STEPS)
         print(f"{variant:15s} forward and backward {ms:.1f} ms, optimizer step {step_ms:.1f} ms, unsynchronized "
               f"step {whole_ms:.1f} ms (medians of {STEPS - 2}), peak {peak / 2**20:.0f} MiB", flush=True)
