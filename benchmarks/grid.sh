@@ -26,7 +26,7 @@ export PYTHONUNBUFFERED=1
 # The rows: the peers (HF gradient checkpointing, torchtitan's op-level SAC, both compiled or not) and our plans at
 # their measured peaks. eager is measured too, to check the batch's memory, and captured (the captured step run
 # as is), which the rewritten rows' predicted time is over; bench adds the calibration rows (compile,
-# compile+per-block) that sac+compile needs.
+# compile+per-block, compile+per-op+regions) that sac+compile needs.
 eager_rows="eager,captured,per-block,per-op,rewritten@per-block,rewritten@per-block*1.15,rewritten@per-op"
 compiled_rows="compile+per-op,sac+compile@compile+per-op"
 part=${3:-}
