@@ -20,7 +20,7 @@ from conftest import tiny_spec
 from acstudio.bench import BenchConfig, BenchResults, compare, expand_configs, parse_size, run_bench, search_max_batch
 from acstudio.bench.measure import StorageTracker
 from acstudio.bench.runner import bench_args, run_worker
-from acstudio.bench.steps import Request, enable_per_block, per_op_context, prepare, with_headroom
+from acstudio.bench.steps import Request, enable_per_block, per_op_as_regions, per_op_context, prepare, with_headroom
 from acstudio.bench.worker import run_config
 from acstudio.child_process import MARK
 from acstudio.errors import ACStudioError, Cancelled, DeviceError
@@ -624,3 +624,25 @@ def test_compile_per_op_regions_runs_the_first_block_alone_and_trains_as_compile
     assert regions["details"]["checkpointed_blocks"] == rows["compile+per-op"]["details"]["checkpointed_blocks"] == 2
     assert regions["loss"] == pytest.approx(rows["compile+per-op"]["loss"], rel=1e-5)
     assert not BenchConfig.parse("compile+per-op+regions").spec.parallel_ok
+
+
+def test_the_regions_form_compiles_each_blocks_checkpoint_with_the_block():
+    """Every block's attention runs inside a checkpoint that Dynamo traced (``tag_activation_checkpoint``), as a
+    plan's regions do: no graph calls attention outside one. With transformers 5.17 the form once left Hugging
+    Face's checkpoint, which wraps a layer's ``__call__``, eager around each compiled block."""
+    spec = tiny_spec("gpt2", config=(("n_layer", "3"), ("n_embd", "32"), ("n_head", "2"), ("vocab_size", "64"),
+                                     ("n_positions", "16")))
+    workload = build_workload(spec)
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    torch._dynamo.reset()
+    assert per_op_as_regions(workload, recording) == (3, "transformer.h.0 alone, the loop eager")
+    workload.loss_fn(torch.compile(workload.model, backend=recording), workload.batch).backward()
+    torch._dynamo.reset()
+    checkpointed = [g for g in graphs if any("tag_activation_checkpoint" in t for t in g)]
+    assert checkpointed, graphs
+    assert not any("scaled_dot_product_attention" in t for g in graphs for t in g), graphs

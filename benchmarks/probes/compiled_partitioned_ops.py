@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from acstudio.bench.steps import enable_per_block, first_block_as_region, per_op_context
+from acstudio.bench.steps import enable_per_block, per_op_as_regions, per_op_context
 from acstudio.export.apply import apply_plan
 from acstudio.plan.compiled import TIMED_MODE, torchtitan_held
 from acstudio.plan.model import Plan
@@ -56,10 +56,11 @@ SHOWN = ("mm", "drop", "rand", "attention", "layer_norm", "philox", "seed")  # t
 
 def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend) -> torch.nn.Module:
     """The workload's model under ``variant``'s checkpointing; ``backend`` compiles what runs as a region."""
-    if variant in ("peer", "peer-regions"):
+    if variant == "peer":
         enable_per_block(workload, per_op_context)
-        if variant == "peer-regions":  # the bench's compile+per-op+regions
-            first_block_as_region(workload, backend)
+        return workload.model
+    if variant == "peer-regions":  # the bench's compile+per-op+regions
+        per_op_as_regions(workload, backend)
         return workload.model
     titan = torchtitan_held(ctx)
     if variant == "minus-dropouts":
