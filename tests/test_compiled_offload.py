@@ -228,11 +228,13 @@ def test_at_compile_per_blocks_peak_a_decoder_offloads_only_past_the_margin(monk
     assert kept.compiled_extra_ms == recompute.compiled_extra_ms
 
 
-def test_with_the_regions_form_measured_an_offloading_plan_is_priced_with_it_and_needs_no_margin(monkeypatch):
+def test_with_the_regions_form_measured_an_offloading_plan_is_priced_with_it_and_needs_the_predictions_margin(
+        monkeypatch):
     """With compile+per-op+regions' time (the form an offloading plan runs in, measured on torchtitan's policy) the
-    planner adds what that form costs over compile+per-op to every offloading plan and takes one that is faster at
-    all: no margin, which stood for that cost unmeasured. A form dearer than any offload's gain keeps the recompute
-    plan; one cheaper than it keeps the offload, its price raised by the form's cost."""
+    planner adds what that form costs over compile+per-op to every offloading plan and takes one predicted faster
+    by more than the prediction's error (``PRICED_OFFLOAD_MARGIN``), not by ``OFFLOAD_MARGIN``, which stood for that
+    cost unmeasured. A form dearer than any offload's gain, or a gain within the prediction's error, keeps the
+    recompute plan; a form cheaper than it keeps the offload, its price raised by the form's cost."""
     profile = Profile.load("sample_profiles/h200_llama_bs8_bf16_adamw.json.gz")
     times, measured = CompiledTimes(23.5, 28.3, 25.3), 3870 * 2**20  # as the test above
     budget = with_headroom(measured, COMPILED_HEADROOM)
@@ -240,7 +242,8 @@ def test_with_the_regions_form_measured_an_offloading_plan_is_priced_with_it_and
     unmeasured = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
     recompute = plan_compiled(PlanContext(profile), budget, measured, times=times, measured_budget=measured)
     gain = recompute.compiled_extra_ms - unmeasured.compiled_extra_ms
-    assert unmeasured.offloaded and gain > 0
+    margin_ms = acstudio_compiled.PRICED_OFFLOAD_MARGIN * profile.iteration_ms
+    assert unmeasured.offloaded and gain > 2 * margin_ms
     monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", 1.0)  # not applied where the form was measured
     cheap = dataclasses.replace(times, regions_ms=times.per_op_ms + gain / 4)
     assert cheap.regions_cost_ms == pytest.approx(gain / 4)
@@ -248,6 +251,12 @@ def test_with_the_regions_form_measured_an_offloading_plan_is_priced_with_it_and
     assert priced.offloaded == unmeasured.offloaded
     assert priced.compiled_extra_ms == pytest.approx(unmeasured.compiled_extra_ms + gain / 4)
     assert "the form's measured cost" in priced.stop_reason
+    # the same form with a prediction's error larger than any offloading plan's gain
+    monkeypatch.setattr(acstudio_compiled, "PRICED_OFFLOAD_MARGIN",
+                        (recompute.compiled_extra_ms + 0.1) / profile.iteration_ms)
+    within_error = plan_compiled(ctx, budget, measured, times=cheap, measured_budget=measured)
+    assert not within_error.offloaded and within_error.compiled_extra_ms == recompute.compiled_extra_ms
+    monkeypatch.undo()
     # dearer than every offloading plan's gain: more than the recompute plan's whole overhead
     dear_form = dataclasses.replace(times, regions_ms=times.per_op_ms + recompute.compiled_extra_ms + 0.1)
     dear = plan_compiled(ctx, budget, measured, times=dear_form, measured_budget=measured)
