@@ -20,6 +20,9 @@ After the forms, what each one's first forward saves that the first form's does 
 dtype: with the dropouts saved, each dropout's mask (bool) and output (float) (2-layer GPT-2 on a CPU, 2026-11-29:
 4 masks and 3 outputs, where torchtitan's form saves the random seeds and the biases of the projections it replays).
 
+``PROBE_KERNELS=N`` also profiles two more forwards and backwards of each form (torch.profiler) and lists the N
+kernels whose time differs most from the first form's: where a form's cost is, by kernel.
+
 Run (one CUDA GPU, about 100 s on an H200 at seq 2048 before the timing was added):
   cd <repo> && PYTHONPATH=. python3 benchmarks/probes/compiled_partitioned_ops.py \\
       results/grid/profiles/gpt2-s2048.compiled.json.gz titan,minus-dropouts,peer
@@ -52,6 +55,7 @@ from acstudio.workload import WorkloadSpec, build_workload
 STEPS = int(os.environ.get("PROBE_STEPS", "12"))  # forward and backward passes per variant, the first two compiling
 BACKEND = os.environ.get("PROBE_BACKEND", "counting")  # "inductor": torch.compile's own, as the bench (no op counts)
 SHOWN = ("mm", "drop", "rand", "attention", "layer_norm", "philox", "seed")  # the ops each graph's line counts
+KERNELS = int(os.environ.get("PROBE_KERNELS", "0"))  # this many kernels whose time differs most from the first form's
 
 
 def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend) -> torch.nn.Module:
@@ -110,6 +114,24 @@ def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, float, f
     return float(np.median(passes[2:])), float(np.median(updates[2:])), float(np.median(whole[2:])), peak
 
 
+def kernel_times(model: torch.nn.Module, workload, steps: int = 2) -> dict[str, float]:
+    """Each kernel's (on a CPU, each op's) own time in a forward and backward, in ms, from torch.profiler over
+    ``steps`` of them: where two forms of one model differ, by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            model.zero_grad(set_to_none=True)
+            workload.loss_fn(model, workload.batch).backward()
+        if cuda:
+            torch.cuda.synchronize()
+    times: Counter = Counter()
+    for event in prof.key_averages():
+        times[event.key] += (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e3 / steps
+    return {k: t for k, t in times.items() if t > 0}
+
+
 def tiny_cpu_profile() -> Profile:
     """A 2-layer GPT-2 with dropout, profiled on the CPU with its dropouts run as ``native_dropout`` (and so run
     from then on in this process)."""
@@ -135,6 +157,7 @@ def main(profile_path: str, variants: list[str]) -> int:
     graphs: list[tuple[bool, Counter, int]] = []
 
     first_saves: dict[str, Counter] = {}  # per form, its first forward's values out by (op, dtype)
+    kernels: dict[str, dict[str, float]] = {}  # per form, with PROBE_KERNELS: each kernel's ms per forward and backward
 
     def counting(gm, example_inputs, **kwargs):
         ops = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
@@ -163,8 +186,18 @@ def main(profile_path: str, variants: list[str]) -> int:
             shown = {op: n for op, n in sorted(ops.items()) if any(s in op for s in SHOWN)}
             print(f"{variant:15s} {'bw' if backward else 'fw'} outputs {outputs:4d} ops {sum(ops.values()):5d} "
                   f"{shown}", flush=True)
+        if KERNELS:
+            kernels[variant] = kernel_times(model, workload)
         del model, workload  # freed once Dynamo's caches are reset, before the next form's peak
     first = variants[0]
+    for variant in variants[1:] if KERNELS else ():
+        ours, theirs = kernels[variant], kernels[first]
+        diff = {k: ours.get(k, 0.0) - theirs.get(k, 0.0) for k in {*ours, *theirs}}
+        top = sorted(diff, key=lambda k: -abs(diff[k]))[:KERNELS]
+        print(f"{variant} against {first}, kernel time per forward and backward: {sum(ours.values()):.2f} / "
+              f"{sum(theirs.values()):.2f} ms ({sum(diff.values()):+.2f}); most different:", flush=True)
+        for k in top:
+            print(f"  {diff[k]:+8.3f} ms  ({ours.get(k, 0.0):7.3f} / {theirs.get(k, 0.0):7.3f})  {k[:110]}", flush=True)
     for variant in variants[1:] if first in first_saves else ():
         print(f"{variant} saves, {first} does not: {dict(first_saves[variant] - first_saves[first])}; the reverse: "
               f"{dict(first_saves[first] - first_saves[variant])}", flush=True)
