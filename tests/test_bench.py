@@ -20,7 +20,16 @@ from conftest import tiny_spec
 from acstudio.bench import BenchConfig, BenchResults, compare, expand_configs, parse_size, run_bench, search_max_batch
 from acstudio.bench.measure import StorageTracker
 from acstudio.bench.runner import bench_args, run_worker
-from acstudio.bench.steps import Request, enable_per_block, per_op_as_regions, per_op_context, prepare, with_headroom
+from acstudio.bench.steps import (
+    Request,
+    blocks_compiled_alone,
+    enable_per_block,
+    find_blocks,
+    per_op_as_regions,
+    per_op_context,
+    prepare,
+    with_headroom,
+)
 from acstudio.bench.worker import run_config
 from acstudio.child_process import MARK
 from acstudio.errors import ACStudioError, Cancelled, DeviceError
@@ -626,13 +635,9 @@ def test_compile_per_op_regions_runs_the_first_block_alone_and_trains_as_compile
     assert not BenchConfig.parse("compile+per-op+regions").spec.parallel_ok
 
 
-def test_the_regions_form_compiles_each_blocks_checkpoint_with_the_block():
-    """Every block's attention runs inside a checkpoint that Dynamo traced (``tag_activation_checkpoint``), as a
-    plan's regions do: no graph calls attention outside one. With transformers 5.17 the form once left Hugging
-    Face's checkpoint, which wraps a layer's ``__call__``, eager around each compiled block."""
-    spec = tiny_spec("gpt2", config=(("n_layer", "3"), ("n_embd", "32"), ("n_head", "2"), ("vocab_size", "64"),
-                                     ("n_positions", "16")))
-    workload = build_workload(spec)
+def compiled_graphs_ops(workload, compile_blocks) -> list[set[str]]:
+    """The ops of each graph Dynamo compiles in one training step of ``workload`` after ``compile_blocks(backend)``,
+    which compiles (parts of) its model with the recording backend and returns the model to run."""
     graphs = []
 
     def recording(gm, example_inputs):
@@ -640,9 +645,46 @@ def test_the_regions_form_compiles_each_blocks_checkpoint_with_the_block():
         return gm.forward
 
     torch._dynamo.reset()
-    assert per_op_as_regions(workload, recording) == (3, "transformer.h.0 alone, the loop eager")
-    workload.loss_fn(torch.compile(workload.model, backend=recording), workload.batch).backward()
+    workload.loss_fn(compile_blocks(recording), workload.batch).backward()
     torch._dynamo.reset()
-    checkpointed = [g for g in graphs if any("tag_activation_checkpoint" in t for t in g)]
-    assert checkpointed, graphs
+    return graphs
+
+
+def assert_attention_only_in_checkpoints(graphs: list[set[str]]) -> None:
+    """Some graph holds a checkpoint Dynamo traced, and none calls attention outside one."""
+    assert any(any("tag_activation_checkpoint" in t for t in g) for g in graphs), graphs
     assert not any("scaled_dot_product_attention" in t for g in graphs for t in g), graphs
+
+
+def test_the_regions_form_compiles_each_blocks_checkpoint_with_the_block():
+    """Every block's attention runs inside a checkpoint that Dynamo traced (``tag_activation_checkpoint``), as a
+    plan's regions do. With transformers 5.17 the form once left Hugging Face's checkpoint, which wraps a layer's
+    ``__call__``, eager around each compiled block."""
+    spec = tiny_spec("gpt2", config=(("n_layer", "3"), ("n_embd", "32"), ("n_head", "2"), ("vocab_size", "64"),
+                                     ("n_positions", "16")))
+    workload = build_workload(spec)
+
+    def regions(backend):
+        assert per_op_as_regions(workload, backend) == (3, "transformer.h.0 alone, the loop eager")
+        return torch.compile(workload.model, backend=backend)
+
+    assert_attention_only_in_checkpoints(compiled_graphs_ops(workload, regions))
+
+
+def test_blocks_compiled_alone_compile_their_checkpoint_with_them():
+    """Under FSDP2/DDP the peers' blocks are compiled one by one (``block.compile()``, torchtitan's regional
+    compilation); their checkpoint is in each block's forward, so it compiles with the block, as torchtitan's
+    does, whatever the transformers release."""
+    workload = build_workload(tiny_spec("gpt2"))
+    config = BenchConfig.parse("ddp+compile+per-block")
+    assert blocks_compiled_alone(Request(config, workload.spec, torch.device("cpu"), dist=object()))
+    assert not blocks_compiled_alone(Request(BenchConfig.parse("compile+per-block"), workload.spec,
+                                             torch.device("cpu")))
+
+    def each_block(backend):
+        assert enable_per_block(workload, in_forward=True) == 2
+        for block in find_blocks(workload):
+            block.compile(backend=backend)
+        return workload.model
+
+    assert_attention_only_in_checkpoints(compiled_graphs_ops(workload, each_block))

@@ -19,6 +19,7 @@ NO_DROPOUT = (("resid_pdrop", "0"), ("embd_pdrop", "0"), ("attn_pdrop", "0"))
 
 
 SAC = "fsdp+sac+compile@60%"
+PEER = "ddp+compile+per-op"  # torchtitan's policy, each block compiled with its checkpoint, under DDP
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def two_ranks(tmp_path_factory):
     function), and the profile of batch 2 that the plan's worker measured."""
     out = tmp_path_factory.mktemp("dist")
     spec = tiny_spec("gpt2", config=(*tiny_spec("gpt2").config, *NO_DROPOUT))
-    ranks = run_bench(spec, [2], ["fsdp", "ddp", SAC], device="cpu", out_dir=out / "ranks", warmup=1, iters=3,
+    ranks = run_bench(spec, [2], ["fsdp", "ddp", SAC, PEER], device="cpu", out_dir=out / "ranks", warmup=1, iters=3,
                       nproc=2, compile_backend="aot_eager")
     single = run_config({"spec": spec.with_batch_size(4).to_dict(), "config": "eager", "device": "cpu",
                          "warmup": 1, "iters": 3})
@@ -37,19 +38,21 @@ def two_ranks(tmp_path_factory):
 
 
 def test_fsdp_and_ddp_train_like_one_process_on_the_global_batch(two_ranks):
-    """The SAC-wrapped blocks are compiled in place, then sharded (torchtitan's order)."""
+    """The SAC-wrapped blocks are compiled in place, then sharded (torchtitan's order); so are the peer's, each
+    block's checkpoint in its forward (``enable_per_block(in_forward=True)``), compiled with it."""
     _, rows = two_ranks
     eager = rows["eager"]
-    for config in ("fsdp", "ddp", SAC):
+    for config in ("fsdp", "ddp", SAC, PEER):
         row = rows[config]
         assert row["status"] == "ok", row["message"]
-        assert row["nproc"] == 2 and row["parallel"] == config[:4] and row["baseline"] in (None, "fsdp")
+        assert row["nproc"] == 2 and row["parallel"] == config.split("+")[0]
+        assert row["baseline"] in (None, "fsdp", "ddp")
         assert len(row["rank_peak_bytes"]) == 2 and "--nproc 2" in row["command"]
         # 5 steps (warm-up, peak step, 3 timed; a compiled row warms up longer): the later ones depend on the
         # averaged gradients
         assert len(eager["losses"]) == 5 and len(row["losses"]) >= 5
         np.testing.assert_allclose(row["losses"][:5], eager["losses"], rtol=1e-5)
-    assert rows[SAC]["details"]["compiled"] == "per block"
+    assert rows[SAC]["details"]["compiled"] == rows[PEER]["details"]["compiled"] == "per block"
 
 
 def test_measured_rank_state_matches_the_per_rank_prediction(two_ranks):

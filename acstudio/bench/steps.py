@@ -104,11 +104,19 @@ def prepare_eager(req: Request) -> Prepared:
 
 
 def prepare_per_block(req: Request) -> Prepared:
-    return model_step(req, lambda workload: {"checkpointed_blocks": enable_per_block(workload)})
+    return model_step(req, lambda workload: {
+        "checkpointed_blocks": enable_per_block(workload, in_forward=blocks_compiled_alone(req))})
 
 
 def prepare_per_op(req: Request) -> Prepared:
-    return model_step(req, lambda workload: {"checkpointed_blocks": enable_per_block(workload, per_op_context)})
+    return model_step(req, lambda workload: {
+        "checkpointed_blocks": enable_per_block(workload, per_op_context, in_forward=blocks_compiled_alone(req))})
+
+
+def blocks_compiled_alone(req: Request) -> bool:
+    """Whether :func:`model_step` compiles each block on its own (compiled, under FSDP2/DDP), so that the block's
+    checkpoint must sit in its forward to compile with it."""
+    return req.dist is not None and req.config.spec.compiled
 
 
 def prepare_per_op_regions(req: Request) -> Prepared:
@@ -127,20 +135,18 @@ def per_op_as_regions(workload: Workload, compile_backend: str | Callable) -> tu
     here. Dynamo cannot resume inside the model's loop over its blocks, so compiled around it the loop runs eager
     and every other block compiles alone too. Returns how many blocks are checkpointed and what was done.
 
-    Each block's checkpoint goes inside its forward, where :func:`acstudio.apply_plan` puts a plan's, so that it
-    compiles with the block. Hugging Face's layers checkpoint their ``__call__`` in some releases (5.17, the H200
-    image's): a block compiled alone then ran its checkpoint eagerly, SAC's dispatch mode around the compiled
-    graph, a form no plan runs in (on the H200, GPT-2 seq 2048: 53 ms slower than compile+per-op, against 6.6 ms
-    with the checkpoint compiled; results/superseded/grid-gpt2-s2048.compiled-regions-checkpoint-eager.json)."""
+    Each block's checkpoint goes inside its forward (``enable_per_block(in_forward=True)``), where
+    :func:`acstudio.apply_plan` puts a plan's, so that it compiles with the block. With Hugging Face's own placement
+    on transformers 5.17 each block ran its checkpoint eagerly, SAC's dispatch mode around the compiled graph, a
+    form no plan runs in (on the H200, GPT-2 seq 2048: 53 ms slower than compile+per-op, against 6.6 ms with the
+    checkpoint compiled; results/superseded/grid-gpt2-s2048.compiled-regions-checkpoint-eager.json)."""
     from acstudio.export.apply import RegionOffload, run_as_region
 
-    blocks = find_blocks(workload)
-    for block in blocks:
-        checkpoint_forward(block, per_op_context)
-    first = blocks[0]
+    checkpointed = enable_per_block(workload, per_op_context, in_forward=True)
+    first = find_blocks(workload)[0]
     name = next(n for n, m in workload.model.named_modules() if m is first)
     run_as_region(first, name, RegionOffload(0, {}), {"backend": compile_backend})
-    return len(blocks), f"{name} alone, the loop eager"
+    return checkpointed, f"{name} alone, the loop eager"
 
 
 def prepare_per_block_offload(req: Request) -> Prepared:
@@ -381,12 +387,18 @@ def find_blocks(workload: Workload) -> list[torch.nn.Module]:
     return blocks
 
 
-def enable_per_block(workload: Workload, context_fn: Callable | None = None) -> int:
+def enable_per_block(workload: Workload, context_fn: Callable | None = None, in_forward: bool = False) -> int:
     """Checkpoint every block the way practitioners do (Hugging Face: its own ``activation_checkpointing_enable``,
     ``gradient_checkpointing_enable`` in older releases); with ``context_fn`` as selective
-    checkpointing. Returns how many blocks are checkpointed."""
+    checkpointing. Returns how many blocks are checkpointed.
+
+    ``in_forward``: checkpoint each block's forward here, for a block compiled on its own. Transformers 5.2x puts
+    the checkpoint there, and torchtitan compiles a block after wrapping it, both so that the checkpoint compiles
+    with the block. Transformers 5.17 (the H200 image's) checkpoints a layer's ``__call__``, which a block compiled
+    alone (``block.compile()``, or Dynamo under a model whose loop runs eager) leaves out: the checkpoint then runs
+    eagerly around the compiled graph."""
     blocks = find_blocks(workload)
-    if workload.family == "transformers":
+    if workload.family == "transformers" and not in_forward:
         kwargs = {"use_reentrant": False} | ({} if context_fn is None else {"context_fn": context_fn})
         model = workload.model
         if hasattr(model, "activation_checkpointing_enable"):
