@@ -392,7 +392,7 @@ def enable_per_block(workload: Workload, context_fn: Callable | None = None, in_
     ``gradient_checkpointing_enable`` in older releases); with ``context_fn`` as selective
     checkpointing. Returns how many blocks are checkpointed.
 
-    ``in_forward``: checkpoint each block's forward here, for a block compiled on its own. Transformers 5.2x puts
+    ``in_forward``: checkpoint each block's forward here, for a block compiled on its own. Transformers 5.24 puts
     the checkpoint there, and torchtitan compiles a block after wrapping it, both so that the checkpoint compiles
     with the block. Transformers 5.17 (the H200 image's) checkpoints a layer's ``__call__``, which a block compiled
     alone (``block.compile()``, or Dynamo under a model whose loop runs eager) leaves out: the checkpoint then runs
