@@ -76,3 +76,17 @@ def ctrl_c_reaches_the_tests():
     import signal
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def benchmark_script(name: str):
+    """``benchmarks/NAME.py``, imported: the benchmark scripts run as scripts, not as a package."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" /
+                                                  f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass in it resolves its annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import benchmark_script
 from test_sac import dropout_free_gpt2, train
 
 from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
@@ -271,22 +272,19 @@ def test_at_gpt2_seq_2048_an_offload_predicted_faster_within_the_predictions_err
     torchtitan's set at compile+per-op's measured peak (the set that ran 1.0005 of its step in the same session);
     without ``PRICED_OFFLOAD_MARGIN`` it is the 5-block plan the run measured."""
     from acstudio.bench.results import BenchResults
-    from acstudio.bench.steps import compiled_plan
 
     rows = {r["config"]: r for r in BenchResults.load("results/grid/gpt2-s2048.compiled.json").rows}
     profile = Profile.load("results/grid/profiles/gpt2-s2048.compiled.json.gz")
-    times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op",
-                                                                 "compile+per-op+regions")))
-    per_op_peak = int(rows["compile+per-op"]["peak_bytes"])
-    per_block_peak = int(rows["compile+per-block"]["peak_bytes"])
+    replan = benchmark_script("grid_replan")
 
     def plan():
-        return compiled_plan(profile, per_op_peak, per_block_peak, per_op_peak, times, one_device=True)
+        return replan.compiled_plan_of(rows, profile)
 
     ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
     kept = plan()
     assert not kept.offloaded and "torchtitan's policy" in kept.stop_reason
-    assert kept.compiled_extra_ms == pytest.approx(times.per_op_ms - times.compile_ms, abs=0.01)
+    per_op_overhead = rows["compile+per-op"]["time_ms_median"] - rows["compile"]["time_ms_median"]
+    assert kept.compiled_extra_ms == pytest.approx(per_op_overhead, abs=0.01)
     margin_ms = acstudio_compiled.PRICED_OFFLOAD_MARGIN * profile.iteration_ms
     assert 0 < kept.compiled_extra_ms - ran["compiled_extra_ms"] < margin_ms  # faster, within the error
     monkeypatch.setattr(acstudio_compiled, "PRICED_OFFLOAD_MARGIN", 0.0)

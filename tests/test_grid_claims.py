@@ -2,11 +2,10 @@
 (``benchmarks/grid_summary.py`` recomputes the ratios): a rerun that breaks a claim fails here until the README
 says what the new files show."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,11 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def grid_summary():
     """``benchmarks/grid_summary.py``, imported."""
-    spec = importlib.util.spec_from_file_location("grid_summary", ROOT / "benchmarks" / "grid_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves its annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("grid_summary")
 
 
 @pytest.fixture(scope="module")
