@@ -269,12 +269,13 @@ def test_at_gpt2_seq_2048_an_offload_predicted_faster_within_the_predictions_err
     """The grid's GPT-2 seq 2048 compiled part (H200, 2026-11-29, the regions form priced at its measured 6.7 ms)
     ran a plan offloading its first 5 blocks, predicted 0.03 ms faster than torchtitan's set: it ran 1.7 ms slower
     than compile+per-op. Planned again from that run's profile and rows as the bench plans it, the plan is now
-    torchtitan's set at compile+per-op's measured peak (the set that ran 1.0005 of its step in the same session);
-    without ``PRICED_OFFLOAD_MARGIN`` it is the 5-block plan the run measured."""
+    torchtitan's set at compile+per-op's measured peak (the set the rerun measured at 1.002 of its step, the peer's
+    own policy); without ``PRICED_OFFLOAD_MARGIN`` it is the 5-block plan the run measured."""
     from acstudio.bench.results import BenchResults
 
-    rows = {r["config"]: r for r in BenchResults.load("results/grid/gpt2-s2048.compiled.json").rows}
-    profile = Profile.load("results/grid/profiles/gpt2-s2048.compiled.json.gz")
+    run = "results/superseded/{}grid-gpt2-s2048.compiled-5-blocks-before-priced-margin.json{}"
+    rows = {r["config"]: r for r in BenchResults.load(run.format("", "")).rows}
+    profile = Profile.load(run.format("profiles/", ".gz"))
     replan = benchmark_script("grid_replan")
 
     def plan():
