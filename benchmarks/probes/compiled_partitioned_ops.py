@@ -2,7 +2,8 @@
 how many values the forward saves, for torchtitan's set as the planner models it (``titan``:
 :func:`acstudio.plan.compiled.torchtitan_held`, applied by ``acstudio.apply_plan``), that set with every dropout
 saved (``minus-dropouts``: the recompute set of GPT-2's offloading compiled plans at a 1% margin), torchtitan's
-own policy (``peer``: the bench's ``compile+per-op``; ``peer-regions``: its ``compile+per-op+regions``), a plan
+own policy (``peer``: the bench's ``compile+per-op``; ``peer-regions``: its ``compile+per-op+regions``;
+``peer-regions-shared-mask``: that form with each block's attention mask read as one batch row broadcast), a plan
 file's recompute set without its offload (``plan:PLAN.json``, as the health probe's ``whole``) and that plan as the
 bench runs it (``offload:PLAN.json``).
 
@@ -19,6 +20,12 @@ planner took out? (It does: ``results/probes/compiled_partitioned_ops_gpt2-s2048
 After the forms, what each one's first forward saves that the first form's does not, and the reverse, by op and
 dtype: with the dropouts saved, each dropout's mask (bool) and output (float) (2-layer GPT-2 on a CPU, 2026-11-29:
 4 masks and 3 outputs, where torchtitan's form saves the random seeds and the biases of the projections it replays).
+
+``peer-regions-shared-mask`` asks whether the form's cost is the mask: with the loop eager, each block compiled
+alone takes the causal mask as an input materialized for the whole batch (bool, batch x 1 x seq x seq, contiguous;
+torch 2.11 and transformers 5.17 on a CPU, 2026-11-29), and the form costs more with the sequence at a fixed token
+count, as that mask's size grows. Here every block reads row 0 of it expanded over the batch (stride 0), the same
+values where nothing is padded, as the grid's batches are not.
 
 ``PROBE_KERNELS=N`` also profiles two more forwards and backwards of each form (torch.profiler) and lists the N
 kernels whose time differs most from the first form's: where a form's cost is, by kernel.
@@ -43,7 +50,7 @@ import numpy as np
 import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from acstudio.bench.steps import enable_per_block, per_op_as_regions, per_op_context
+from acstudio.bench.steps import enable_per_block, find_blocks, per_op_as_regions, per_op_context
 from acstudio.export.apply import apply_plan
 from acstudio.plan.compiled import TIMED_MODE, torchtitan_held
 from acstudio.plan.model import Plan
@@ -63,8 +70,11 @@ def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend
     if variant == "peer":
         enable_per_block(workload, per_op_context)
         return workload.model
-    if variant == "peer-regions":  # the bench's compile+per-op+regions
+    if variant in ("peer-regions", "peer-regions-shared-mask"):  # the bench's compile+per-op+regions
         per_op_as_regions(workload, backend)
+        if variant == "peer-regions-shared-mask":
+            for block in find_blocks(workload):
+                share_attention_mask(block)
         return workload.model
     titan = torchtitan_held(ctx)
     if variant == "minus-dropouts":
@@ -78,8 +88,23 @@ def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend
         return apply_plan(workload.model, (profile, plan), {"backend": backend})
     elif variant != "titan":
         raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts, peer, peer-regions, "
-                         "plan:PLAN.json or offload:PLAN.json")
+                         "peer-regions-shared-mask, plan:PLAN.json or offload:PLAN.json")
     return apply_plan(workload.model, (profile, ctx.plan_for_set("auto", 10**15, titan, "", mode=TIMED_MODE)))
+
+
+def share_attention_mask(block: torch.nn.Module) -> None:
+    """Make ``block`` read every attention mask it is handed (a batch x 1 x query x key tensor) as its first row
+    broadcast over the batch: the same values where no sequence is padded."""
+    forward = block.forward
+
+    def shared(value):
+        is_mask = isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[1] == 1
+        return value[:1].expand_as(value) if is_mask and value.shape[-2] == value.shape[-1] else value
+
+    def forward_with_shared_mask(*args, **kwargs):
+        return forward(*map(shared, args), **{k: shared(v) for k, v in kwargs.items()})
+
+    block.forward = forward_with_shared_mask
 
 
 def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, float, float, int]:
