@@ -114,8 +114,8 @@ OFFLOAD_MARGIN = 0.01
 # the compiled prediction's error. On the H200 GPT-2's priced offloading plans ran 0.3, 0.3 and 1.8 ms (0.1%, 0.1%
 # and 0.4% of the step) over their predicted time at seq 512, 1024 and 2048; at seq 2048 the plan, 5 blocks
 # offloaded and predicted 0.03 ms faster than torchtitan's set, ran 0.4% slower than compile+per-op
-# (results/grid/gpt2-s2048.compiled.json), where torchtitan's set itself, which this margin keeps there, ran 1.0005x
-# (results/superseded/grid-gpt2-s2048.compiled-regions-checkpoint-eager.json).
+# (results/superseded/grid-gpt2-s2048.compiled-5-blocks-before-priced-margin.json). With this margin the planner
+# keeps torchtitan's set there, which ran 1.002x (results/grid/gpt2-s2048.compiled.json), the peer's own policy.
 PRICED_OFFLOAD_MARGIN = 0.004
 # Between two offloading plans whose predicted times differ by less than this share of the step, the one moving
 # fewer bytes: on the H200 the compiled offloading plans ran within 0.2-1.2% of the step of their predicted time,
