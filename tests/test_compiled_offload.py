@@ -294,11 +294,11 @@ def test_at_gpt2_seq_2048_an_offload_predicted_faster_within_the_predictions_err
 
 
 def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_measurement(monkeypatch):
-    """The 953M decoder at seq 512 (grid, H100): compile+per-block and compile+per-op both peak in the AdamW step,
+    """The 953M decoder at seq 512 (grid, H200): compile+per-block and compile+per-op both peak in the AdamW step,
     which no activation decision moves, so under the bench's 0.5% headroom no plan fits; one that peaks there with
     no more bytes than compile+per-block's measured set fits by measurement. Planned from that run as the bench
     planned it, no offloading plan is faster than recompute alone there (the forward has room at that peak; the
-    run measured the recompute-only plan at 0.998 of compile+per-op's step), so the plan recomputes only and fits by
+    run measured the recompute-only plan at 0.995 of compile+per-op's step), so the plan recomputes only and fits by
     measurement; taken at any price, the offloading plan fits by measurement too."""
     from acstudio.bench.results import BenchResults
 
@@ -311,7 +311,8 @@ def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_
     ctx = PlanContext(profile, offload=True)  # shared: what the two plans search in common is searched once
     plan = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
     assert not plan.offloaded and plan.feasible and plan.compiled_peak_bytes <= measured == plan.budget_bytes
-    assert plan.compiled_extra_ms == rows["sac+compile@compile+per-op"]["details"]["plan"]["compiled_extra_ms"]
+    ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
+    assert plan.compiled_extra_ms == pytest.approx(ran["compiled_extra_ms"])  # made on the H200's Python
     monkeypatch.setattr(acstudio_compiled, "OFFLOAD_MARGIN", -1.0)  # take any offloading plan that fits
     forced = plan_compiled(ctx, budget, measured, times=times, measured_budget=measured)
     assert forced.replay_mode == TIMED_MODE and forced.offloaded and forced.offload_stall_ms == 0

@@ -3,7 +3,8 @@ how many values the forward saves, for torchtitan's set as the planner models it
 :func:`acstudio.plan.compiled.torchtitan_held`, applied by ``acstudio.apply_plan``), that set with every dropout
 saved (``minus-dropouts``: the recompute set of GPT-2's offloading compiled plans at a 1% margin), torchtitan's
 own policy (``peer``: the bench's ``compile+per-op``; ``peer-regions``: its ``compile+per-op+regions``;
-``peer-regions-shared-mask``: that form with each block's attention mask read as one batch row broadcast), a plan
+``peer-regions-shared-mask``: that form with each block's attention mask read as one batch row broadcast;
+``peer-regions-float-mask``: with each boolean mask handed over as SDPA's additive bias, made once), a plan
 file's recompute set without its offload (``plan:PLAN.json``, as the health probe's ``whole``) and that plan as the
 bench runs it (``offload:PLAN.json``).
 
@@ -25,7 +26,11 @@ dtype: with the dropouts saved, each dropout's mask (bool) and output (float) (2
 alone takes the causal mask as an input materialized for the whole batch (bool, batch x 1 x seq x seq, contiguous;
 torch 2.11 and transformers 5.17 on a CPU, 2026-11-29), and the form costs more with the sequence at a fixed token
 count, as that mask's size grows. Here every block reads row 0 of it expanded over the batch (stride 0), the same
-values where nothing is padded, as the grid's batches are not.
+values where nothing is padded, as the grid's batches are not. It is not (H200, 2026-11-29, GPT-2 seq 2048: +6.5 ms
+against the form's +7.1; ``results/probes/compiled_regions_mask_gpt2-s2048_h200.txt``): the kernels say each block's
+backward makes SDPA's additive bias of the mask again (+4.5 ms) and its attention backward reads it slower (+3.0 ms).
+``peer-regions-float-mask`` hands every block that bias, made once per step, as the model compiled whole makes it
+once.
 
 ``PROBE_KERNELS=N`` also profiles two more forwards and backwards of each form (torch.profiler) and lists the N
 kernels whose time differs most from the first form's: where a form's cost is, by kernel.
@@ -70,11 +75,13 @@ def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend
     if variant == "peer":
         enable_per_block(workload, per_op_context)
         return workload.model
-    if variant in ("peer-regions", "peer-regions-shared-mask"):  # the bench's compile+per-op+regions
+    if variant in ("peer-regions", *MASK_FORMS):  # the bench's compile+per-op+regions
         per_op_as_regions(workload, backend)
-        if variant == "peer-regions-shared-mask":
+        if variant in MASK_FORMS:
+            dtype = torch.bfloat16 if workload.spec.precision == "bf16" else torch.float32
+            form = MASK_FORMS[variant](dtype)
             for block in find_blocks(workload):
-                share_attention_mask(block)
+                with_masks_as(block, form)
         return workload.model
     titan = torchtitan_held(ctx)
     if variant == "minus-dropouts":
@@ -88,23 +95,50 @@ def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend
         return apply_plan(workload.model, (profile, plan), {"backend": backend})
     elif variant != "titan":
         raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts, peer, peer-regions, "
-                         "peer-regions-shared-mask, plan:PLAN.json or offload:PLAN.json")
+                         f"{', '.join(MASK_FORMS)}, plan:PLAN.json or offload:PLAN.json")
     return apply_plan(workload.model, (profile, ctx.plan_for_set("auto", 10**15, titan, "", mode=TIMED_MODE)))
 
 
-def share_attention_mask(block: torch.nn.Module) -> None:
-    """Make ``block`` read every attention mask it is handed (a batch x 1 x query x key tensor) as its first row
-    broadcast over the batch: the same values where no sequence is padded."""
+def is_attention_mask(value) -> bool:
+    """A batch x 1 x query x key tensor, as transformers hands each layer for SDPA."""
+    return isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[1] == 1
+
+
+def with_masks_as(block: torch.nn.Module, form) -> None:
+    """Make ``block`` read every attention mask it is handed as ``form(mask)``."""
     forward = block.forward
 
-    def shared(value):
-        is_mask = isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[1] == 1
-        return value[:1].expand_as(value) if is_mask and value.shape[-2] == value.shape[-1] else value
+    def formed(value):
+        return form(value) if is_attention_mask(value) else value
 
-    def forward_with_shared_mask(*args, **kwargs):
-        return forward(*map(shared, args), **{k: shared(v) for k, v in kwargs.items()})
+    def forward_with_formed_mask(*args, **kwargs):
+        return forward(*map(formed, args), **{k: formed(v) for k, v in kwargs.items()})
 
-    block.forward = forward_with_shared_mask
+    block.forward = forward_with_formed_mask
+
+
+def shared_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A square mask read as its first row broadcast over the batch: the same values where no sequence is padded."""
+    return mask[:1].expand_as(mask) if mask.shape[-2] == mask.shape[-1] else mask
+
+
+def float_masks(dtype: torch.dtype):
+    """A boolean mask handed over as the additive bias SDPA makes of it (0 where True, -inf where False, in
+    ``dtype``, the blocks' compute dtype), made once per mask and shared by every block: what SDPA computes, bit
+    for bit."""
+    last: list = [None, None]  # the last mask seen (one per forward: every block is handed the same) and its bias
+
+    def bias(mask: torch.Tensor) -> torch.Tensor:
+        if mask.dtype != torch.bool:
+            return mask
+        if last[0] is not mask:
+            last[:] = mask, torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -torch.inf)
+        return last[1]
+
+    return bias
+
+
+MASK_FORMS = {"peer-regions-shared-mask": lambda dtype: shared_mask, "peer-regions-float-mask": float_masks}
 
 
 def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, float, float, int]:
