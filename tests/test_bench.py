@@ -618,7 +618,8 @@ def test_sigterm_keeps_the_rows_bench_measured(faulty, tmp_path):
 
 def test_compile_per_op_regions_runs_the_first_block_alone_and_trains_as_compile_per_op():
     """The regions form (the calibration of an offloading compiled plan's price): the first block compiled on its own
-    inside hooks that copy nothing, the model compiled around it; it trains as compile+per-op, to rounding."""
+    inside hooks that copy nothing, the model compiled around it, every block handed the mask's bias; it trains as
+    compile+per-op, to rounding."""
     spec = tiny_spec("gpt2", config=(("n_layer", "2"), ("n_embd", "32"), ("n_head", "2"), ("vocab_size", "64"),
                                      ("n_positions", "16"), ("resid_pdrop", "0"), ("embd_pdrop", "0"),
                                      ("attn_pdrop", "0")))
@@ -629,7 +630,8 @@ def test_compile_per_op_regions_runs_the_first_block_alone_and_trains_as_compile
         assert rows[config]["status"] == "ok", rows[config]["message"]
         assert rows[config]["baseline"] == "compile"
     regions = rows["compile+per-op+regions"]
-    assert regions["details"]["compiled"] == "transformer.h.0 alone, the loop eager"
+    assert regions["details"]["compiled"] == "transformer.h.0 alone, the loop eager, the mask's bias made once"
+    assert regions["details"]["mask_bias"] is True  # GPT-2's SDPA attention: its blocks take the bias
     assert regions["details"]["checkpointed_blocks"] == rows["compile+per-op"]["details"]["checkpointed_blocks"] == 2
     assert regions["loss"] == pytest.approx(rows["compile+per-op"]["loss"], rel=1e-5)
     assert not BenchConfig.parse("compile+per-op+regions").spec.parallel_ok
@@ -665,7 +667,8 @@ def test_the_regions_form_compiles_each_blocks_checkpoint_with_the_block():
     workload = build_workload(spec)
 
     def regions(backend):
-        assert per_op_as_regions(workload, backend) == (3, "transformer.h.0 alone, the loop eager")
+        assert per_op_as_regions(workload, backend) == (
+            3, "transformer.h.0 alone, the loop eager, the mask's bias made once", True)
         return torch.compile(workload.model, backend=backend)
 
     assert_attention_only_in_checkpoints(compiled_graphs_ops(workload, regions))

@@ -15,7 +15,7 @@ from conftest import benchmark_script
 from test_sac import dropout_free_gpt2, train
 
 from acstudio.bench.steps import COMPILED_HEADROOM, with_headroom
-from acstudio.errors import Cancelled, ProfileFileError
+from acstudio.errors import ACStudioError, Cancelled, ProfileFileError
 from acstudio.export import apply as apply_module
 from acstudio.export import sac
 from acstudio.export.apply import apply_plan
@@ -587,3 +587,104 @@ def test_the_timeline_draws_every_copy_a_region_makes_one_lane_each_way():
         assert (ordered[1:, 0] >= ordered[:-1, 1] - 1e-9).all()  # one copy at a time on a lane
         assert np.allclose(np.sort(ordered[:, 1] - ordered[:, 0]), np.sort(
             profile.link.copy_ms(np.concatenate([offload.bytes, offload.saved_bytes]))))
+
+
+def test_the_mask_bias_is_the_one_sdpa_makes_made_once_per_mask():
+    """SDPA turns a boolean mask into an additive bias (0 where it attends, -inf where not); handed that bias made
+    once, attention is the same to the bit, and every block handed the same mask gets the same bias object."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 4) for _ in range(3))
+    mask = torch.rand(2, 1, 8, 8) > 0.3
+    mask[..., 0] = True  # no row masked whole
+    bias = apply_module.MaskBias(torch.float32)
+    made = bias(mask)
+    assert made.dtype == torch.float32 and made.shape == mask.shape and made.is_contiguous()
+    assert torch.equal(made == 0, mask) and torch.equal(made == -torch.inf, ~mask)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(q, k, v, attn_mask=mask), sdpa(q, k, v, attn_mask=made))
+    assert bias(mask) is made and bias(mask.clone()) is not made  # once per mask
+    hidden, row = torch.randn(2, 1, 8, 8), mask[:, :, 0]
+    assert bias(hidden) is hidden and bias(row) is row  # only boolean masks of 4 dims become biases
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert bias(mask.clone()).dtype == torch.bfloat16  # the dtype autocast gives the queries
+
+
+def bias_plans(k: int):
+    """(context, plan offloading what the first ``k`` blocks save with the blocks handed the mask's bias, the same
+    offload simulated with each block making its own)."""
+    _, profile = workload()
+    ctx = PlanContext(profile)
+    blocks = sac_blocks(ctx.sim)
+    rc = [int(c) for c in ctx.rg.candidates if blocks.act_block[c] in blocks.blocks and int(c) % 2]
+    held = blocks.region_held(rc, blocks.blocks[:k], mask_bias=True)
+    return (ctx, ctx.plan_for_set("mutwo", profile.peak_bytes, rc, mode="sac-compiled-bias", offloaded=held),
+            ctx.plan_for_set("mutwo", profile.peak_bytes, rc, mode=TIMED_MODE, offloaded=held))
+
+
+@pytest.mark.usefixtures("small_regions")
+def test_a_plan_whose_blocks_are_handed_the_mask_bias_holds_one_and_copies_none():
+    """Each GPT-2 block makes SDPA's bias of the causal mask (a ``where`` before its attention); handed the bias
+    made once, no block makes, saves or copies its own, and the one bias is held from the first block's forward to
+    the last backward that reads one: the memory is the plan's with each block making its own, plus that span."""
+    ctx, bias, own = bias_plans(2)
+    blocks = sac_blocks(ctx.sim)
+    ((mask, wheres),) = blocks.mask_biases.items()
+    assert ctx.profile.nodes[mask].dtype == "bool" and len(wheres) == len(blocks.blocks)
+    assert all(ctx.profile.nodes[ctx.rg.created[w]].target == "aten.where.self" for w in wheres)
+    rc = ctx.sim.indices(bias.recomputed)
+    assert set(blocks.region_held(rc, blocks.blocks[:2])) - set(blocks.region_held(rc, blocks.blocks[:2], True)) \
+        <= set(wheres)
+    assert bias.offload_bytes == own.offload_bytes and bias.replay_mode == "sac-compiled-bias"
+    mode = get_mode("sac-compiled-bias")
+    schedule = mode.schedule(ctx.sim, rc)
+    copies = mode.offload(ctx.sim, schedule, [ctx.rg.act_index[a] for a in bias.offloaded])
+    held = blocks.mask_bias_held()
+    assert held.bytes.tolist() == [int(ctx.rg.bytes[wheres].max())]
+    with_bias, without = copies.memory(ctx.sim)[0], dataclasses.replace(copies, held=None).memory(ctx.sim)[0]
+    assert np.array_equal(with_bias - without, ctx.sim._span(held.since, held.until, held.bytes))
+    assert bias.predicted_peak_bytes >= own.predicted_peak_bytes
+
+
+@pytest.mark.usefixtures("small_regions")
+def test_blocks_handed_the_mask_bias_train_bitwise_like_eager_and_copy_what_the_plan_counts(tmp_path):
+    """The policy of a plan in the bias mode says so (version 5, read back the same); apply_plan hands every block
+    of the loop the bias, drops the ``where`` SDPA made of the mask from the blocks' recorded ops, copies exactly
+    the plan's bytes and trains bitwise like eager. A model whose attention takes no such bias is refused."""
+    w, _ = workload()
+    ctx, plan, _ = bias_plans(2)
+    policy = sac.SacPolicy.from_plan(ctx.profile, plan.recomputed, plan.offloaded, plan.replay_mode)
+    assert policy.mask_bias and policy.version == 5 and policy.regions
+    policy.save(tmp_path)
+    assert sac.SacPolicy.load(tmp_path) == policy
+    reference = train(copy.deepcopy(w.model), w)
+    handed = []
+    made = apply_module.MaskBias.__call__
+    torch._dynamo.reset()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(apply_module.MaskBias, "__call__", lambda self, v: handed.append(made(self, v)) or handed[-1])
+        model = apply_plan(copy.deepcopy(w.model), tmp_path, {"backend": "aot_eager"})
+        runtime = apply_module.offload_of(model)
+        with pytest.warns(CpuOffloadWarning):
+            trained = train(torch.compile(model, backend="aot_eager"), w)
+    for a, b in zip(trained, reference, strict=True):
+        assert torch.equal(a, b)
+    biases = [t for t in handed if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 4]
+    assert biases and len({id(t) for t in biases}) < len(biases)  # the blocks of one forward share one bias
+    assert runtime.moved_bytes % plan.offload_bytes == 0 and runtime.moved_bytes > 0  # each step, the plan's bytes
+    other = copy.deepcopy(w.model)
+    other.config._attn_implementation = "eager"
+    with pytest.raises(ACStudioError, match="only a Hugging Face model with SDPA attention takes"):
+        apply_plan(other, tmp_path)
+
+
+@pytest.mark.usefixtures("small_regions")
+def test_on_times_measured_with_the_bias_the_compiled_planner_offloads_in_the_bias_mode():
+    """The calibration row that measured the regions form with the blocks handed the bias says so
+    (``CompiledTimes.regions_bias``), and the offloading plans it prices run so; without it they run as before."""
+    _, profile = workload()
+    measured, budget = int(profile.peak_bytes * 0.6), int(profile.peak_bytes * 0.7)
+    times = CompiledTimes(profile.iteration_ms, profile.iteration_ms * 5, profile.iteration_ms * 7 / 3)
+    for regions_bias, mode in ((False, TIMED_MODE), (True, "sac-compiled-bias")):
+        plan = plan_compiled(PlanContext(profile, offload=True), budget, measured,
+                             times=dataclasses.replace(times, regions_bias=regions_bias))
+        assert plan.offloaded and plan.replay_mode == mode and plan.compiled_peak_bytes <= budget

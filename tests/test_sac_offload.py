@@ -90,8 +90,8 @@ def test_a_policy_is_written_at_the_lowest_version_that_holds_its_decisions(tmp_
         assert ("offload" in decisions) == p.offloads and ("save-eager" in decisions) == (version == 3)
         assert sac.SacPolicy.load(tmp_path / name) == p
     (tmp_path / "later").mkdir()
-    write_document(tmp_path / "later" / sac.POLICY_FILE, sac.POLICY_SCHEMA, 5, policy.to_dict())
-    with pytest.raises(ProfileFileError, match=r"version 5 is not supported .*reads version 4"):
+    write_document(tmp_path / "later" / sac.POLICY_FILE, sac.POLICY_SCHEMA, 6, policy.to_dict())
+    with pytest.raises(ProfileFileError, match=r"version 6 is not supported .*reads version 5"):
         sac.SacPolicy.load(tmp_path / "later")
 
 

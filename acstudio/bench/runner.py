@@ -172,6 +172,7 @@ class _Bench:
                         times.append(per_op["time_ms_median"])
                         if regions.get("status") == "ok" and regions.get("time_ms_median"):
                             times.append(regions["time_ms_median"])
+                            cfg["regions_bias"] = bool(regions.get("details", {}).get("mask_bias"))
                     cfg["compiled_step_ms"] = ",".join(repr(t) for t in times)
         stem = self.out / "workers" / f"{len(self.results.rows):03d}_{_slug(config.name)}_bs{batch_size}"
         if config.spec.planner is not None:  # profile and plan in a process of their own (Kind.planner)

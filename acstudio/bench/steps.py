@@ -53,6 +53,7 @@ class Request:
     compiled_per_block_peak: str | None = None  # compile+per-block's measured peak, for sac+compile's prediction
     compiled_per_op_peak: str | None = None  # compile+per-op's: its second calibration point
     compiled_step_ms: str | None = None  # compile's, compile+per-block's (compile+per-op's, +regions'): its planner
+    regions_bias: bool = False  # compile+per-op+regions ran its blocks handed the mask's bias (CompiledTimes)
     dist: Any = None  # acstudio.bench.distributed.Ranks
     nproc: int = 1  # ranks of an fsdp+/ddp+ configuration (its planning process runs alone)
 
@@ -123,30 +124,34 @@ def prepare_per_op_regions(req: Request) -> Prepared:
     """compile+per-op in the form a compiled plan that offloads runs in (:func:`per_op_as_regions`)."""
 
     def apply(workload: Workload) -> dict[str, Any]:
-        checkpointed, form = per_op_as_regions(workload, req.compile_backend)
-        return {"checkpointed_blocks": checkpointed, "compiled": form}
+        checkpointed, form, bias = per_op_as_regions(workload, req.compile_backend)
+        return {"checkpointed_blocks": checkpointed, "compiled": form, "mask_bias": bias}
 
     return model_step(req, apply)
 
 
-def per_op_as_regions(workload: Workload, compile_backend: str | Callable) -> tuple[int, str]:
+def per_op_as_regions(workload: Workload, compile_backend: str | Callable) -> tuple[int, str, bool]:
     """torchtitan's policy on every block, the first block run as a region
     (:func:`acstudio.export.apply.run_as_region`): compiled on its own inside the offload hooks, which copy nothing
     here. Dynamo cannot resume inside the model's loop over its blocks, so compiled around it the loop runs eager
-    and every other block compiles alone too. Returns how many blocks are checkpointed and what was done.
+    and every other block compiles alone too, each handed the attention mask's bias made once
+    (:func:`acstudio.export.apply.hand_blocks_mask_bias`) where the model takes it, as :func:`acstudio.apply_plan`
+    hands it to a plan made on these times (:attr:`acstudio.plan.compiled.CompiledTimes.regions_bias`). Returns how
+    many blocks are checkpointed, what was done and whether the blocks were handed the bias.
 
     Each block's checkpoint goes inside its forward (``enable_per_block(in_forward=True)``), where
     :func:`acstudio.apply_plan` puts a plan's, so that it compiles with the block. With Hugging Face's own placement
     on transformers 5.17 each block ran its checkpoint eagerly, SAC's dispatch mode around the compiled graph, a
     form no plan runs in (on the H200, GPT-2 seq 2048: 53 ms slower than compile+per-op, against 6.6 ms with the
     checkpoint compiled; results/superseded/grid-gpt2-s2048.compiled-regions-checkpoint-eager.json)."""
-    from acstudio.export.apply import RegionOffload, run_as_region
+    from acstudio.export.apply import RegionOffload, hand_blocks_mask_bias, run_as_region
 
     checkpointed = enable_per_block(workload, per_op_context, in_forward=True)
-    first = find_blocks(workload)[0]
-    name = next(n for n, m in workload.model.named_modules() if m is first)
-    run_as_region(first, name, RegionOffload(0, {}), {"backend": compile_backend})
-    return checkpointed, f"{name} alone, the loop eager"
+    blocks = find_blocks(workload)
+    name = next(n for n, m in workload.model.named_modules() if m is blocks[0])
+    run_as_region(blocks[0], name, RegionOffload(0, {}), {"backend": compile_backend})
+    bias = hand_blocks_mask_bias(workload.model, blocks)
+    return checkpointed, f"{name} alone, the loop eager" + (", the mask's bias made once" if bias else ""), bias
 
 
 def prepare_per_block_offload(req: Request) -> Prepared:
@@ -516,6 +521,8 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
 
         measured = parse_budget(req.compiled_per_block_peak, profile.peak_bytes)
         times = CompiledTimes.parse(req.compiled_step_ms) if req.compiled_step_ms else None
+        if times is not None and req.regions_bias:
+            times = dataclasses.replace(times, regions_bias=True)
         per_op = parse_budget(req.compiled_per_op_peak, profile.peak_bytes) if req.compiled_per_op_peak else None
         plan = compiled_plan(profile, budget_bytes, measured, per_op, times, one_device=req.config.parallel is None)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes

@@ -7,9 +7,10 @@ optionally ``profile_path``, ``compile_backend``, ``budget`` (a planned step's r
 ``compiled_per_block_peak`` and ``compiled_per_op_peak`` (compile+per-block's and compile+per-op's measured
 peaks, which calibrate a compiled plan),
 ``compiled_step_ms`` (compile's, compile+per-block's, compile+per-op's and compile+per-op+regions' step times,
-which calibrate its replay times and the form an offloading plan runs in) and ``command`` (the ``acstudio bench``
-line that reproduces it). A fresh process per configuration means no allocator cache, compile cache, functorch
-setting or fragmentation carries over from another configuration.
+which calibrate its replay times and the form an offloading plan runs in), ``regions_bias`` (whether that form ran
+with the blocks handed the mask's bias) and ``command`` (the ``acstudio bench`` line that reproduces it). A fresh
+process per configuration means no allocator cache, compile cache, functorch setting or fragmentation carries over
+from another configuration.
 With ``"task": "plan"`` it runs a planned configuration's profiling and planning instead
 (:func:`acstudio.bench.steps.plan_ahead`), in a process before the measuring one.
 
@@ -117,7 +118,8 @@ def request(cfg: dict[str, Any], spec: WorkloadSpec, dev: torch.device, ranks: R
                    compile_backend=cfg.get("compile_backend", "inductor"), budget=cfg.get("budget"),
                    compiled_per_block_peak=cfg.get("compiled_per_block_peak"),
                    compiled_per_op_peak=cfg.get("compiled_per_op_peak"),
-                   compiled_step_ms=cfg.get("compiled_step_ms"), dist=ranks, nproc=int(cfg.get("nproc", 1)))
+                   compiled_step_ms=cfg.get("compiled_step_ms"), regions_bias=bool(cfg.get("regions_bias")),
+                   dist=ranks, nproc=int(cfg.get("nproc", 1)))
 
 
 def plan_ahead_of(cfg: dict[str, Any]) -> dict[str, Any]:

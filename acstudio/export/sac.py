@@ -16,8 +16,11 @@ after the replay.
 Version 2 adds ``offload`` and the bytes the policy offloads, version 3 ``save-eager``, version 4 ``regions``: for a
 plan made for torch.compile that offloads (replay mode "sac-compiled"), the blocks that run compiled one by one with
 everything they save copied to the host, each with the block at whose backward start its copies come back
-(:meth:`~acstudio.simulate.sac.ReplaySacCompiled.offload`). Each policy is written at the lowest version that holds
-its decisions (one without any is version 1, which earlier versions of AC Studio read too), and all are read.
+(:meth:`~acstudio.simulate.sac.ReplaySacCompiled.offload`); version 5 ``mask_bias``: those blocks and every other
+block of the loop they run in are handed SDPA's bias of their boolean attention mask, made once, in place of the
+mask (replay mode "sac-compiled-bias", :func:`acstudio.export.apply.hand_blocks_mask_bias`). Each policy is written
+at the lowest version that holds its decisions (one without any is version 1, which earlier versions of AC Studio
+read too), and all are read.
 Per-op offload runs only where the installed torch passes SAC's cache through saved-tensors hooks
 (:func:`offload_unsupported`); elsewhere a plan that offloads so is refused here, naming the form that runs it.
 Regions need no such support: a compiled block saves through plain saved-tensors hooks.
@@ -37,12 +40,23 @@ from acstudio.errors import ProfileFileError
 from acstudio.export.formats import ExportFormat, ExportJob, register_format
 from acstudio.fileio import read_document, write_document
 from acstudio.profile.model import Profile
-from acstudio.simulate.sac import OFFLOAD, SAC_COMPILED_MODE, SAVE, is_op, sac_blocks, simulate_sac
+from acstudio.simulate.modes import get_mode
+from acstudio.simulate.sac import (
+    OFFLOAD,
+    SAC_COMPILED_BIAS_MODE,
+    SAC_COMPILED_MODE,
+    SAVE,
+    is_op,
+    sac_blocks,
+    simulate_sac,
+)
 from acstudio.simulate.simulator import Simulator
 
 POLICY_FILE = "sac_policy.json"
 POLICY_SCHEMA = "acstudio.sac_policy"
-VERSIONS = (4, 3, 2, 1)  # read; written: 4 with regions, 3 with a save-eager decision, 2 when it offloads, else 1
+VERSIONS = (5, 4, 3, 2, 1)  # read; written: 5 with the mask's bias, 4 with regions, 3 with a save-eager decision,
+# 2 when it offloads, else 1
+REGION_MODES = (SAC_COMPILED_MODE.name, SAC_COMPILED_BIAS_MODE.name)  # the modes that offload by region
 OFFLOAD_FORM = "export the step format and run it with acstudio.load_step"
 
 
@@ -75,13 +89,14 @@ class SacPolicy:
     # blocks compiled one by one whose saved tensors go to the host -> the block at whose backward start they come
     # back (a plan for torch.compile that offloads; see the module)
     regions: dict[str, str] = field(default_factory=dict)
+    mask_bias: bool = False  # the blocks run one by one for the regions are handed the mask's bias (see the module)
 
     @classmethod
     def from_plan(cls, profile: Profile, recomputed: list[str], offloaded: Collection[str] = (),
                   replay_mode: str = "sac") -> SacPolicy:
         """The SAC form of ``recomputed``, offloading what it can of ``offloaded`` (activation ids): per op, or,
-        for a plan made in the compiled mode (``replay_mode`` "sac-compiled"), what whole blocks save."""
-        regions = replay_mode == SAC_COMPILED_MODE.name and bool(offloaded)
+        for a plan made in a compiled mode that offloads by region (:data:`REGION_MODES`), what whole blocks save."""
+        regions = replay_mode in REGION_MODES and bool(offloaded)
         sim = Simulator(profile)
         form = simulate_sac(sim, recomputed, () if regions else offloaded)
         by_id = profile.node_by_id
@@ -89,10 +104,11 @@ class SacPolicy:
                                  how == OFFLOAD, i in form.eager_only)
                       for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
         if regions:
-            result = SAC_COMPILED_MODE.simulate(sim, recomputed, offloaded)
+            result = get_mode(replay_mode).simulate(sim, recomputed, offloaded)
+            bias = replay_mode == SAC_COMPILED_BIAS_MODE.name and bool(sac_blocks(sim).mask_biases)
             return cls(profile.fingerprint, blocks, form.freed, result.peak_bytes, result.extra_ms,
                        containers(profile, blocks), result.offload.moved_bytes,
-                       sac_blocks(sim).fetched_by(result.offload))
+                       sac_blocks(sim).fetched_by(result.offload), bias)
         moved = form.result.offload.moved_bytes if form.result.offload is not None else 0
         return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms,
                    containers(profile, blocks), moved)
@@ -105,6 +121,8 @@ class SacPolicy:
     @property
     def version(self) -> int:
         """The lowest file version that holds its decisions (see the module)."""
+        if self.mask_bias:
+            return 5
         if self.regions:
             return 4
         decisions = [d for ops in self.blocks.values() for d in ops]
@@ -117,6 +135,8 @@ class SacPolicy:
              "predicted_extra_ms": self.predicted_extra_ms, "containers": self.containers}
         if self.regions:
             d["regions"] = self.regions
+        if self.mask_bias:
+            d["mask_bias"] = True
         return {**d, "offload_bytes": self.offload_bytes} if self.offloads or self.regions else d
 
     @classmethod
@@ -126,7 +146,7 @@ class SacPolicy:
                       for op, module, how in ops] for b, ops in d["blocks"].items()}
         return cls(d["profile_fingerprint"], blocks, d["freed"], d["predicted_peak_bytes"], d["predicted_extra_ms"],
                    {k: list(v) for k, v in d.get("containers", {}).items()}, int(d.get("offload_bytes", 0)),
-                   {str(k): str(v) for k, v in d.get("regions", {}).items()})
+                   {str(k): str(v) for k, v in d.get("regions", {}).items()}, bool(d.get("mask_bias", False)))
 
     def save(self, directory: Path) -> str:
         path = Path(directory) / POLICY_FILE
@@ -216,7 +236,7 @@ def offload_refusal() -> str:
 
 
 def unavailable(job: ExportJob) -> str:
-    regions = getattr(job.recomputed, "replay_mode", "") == SAC_COMPILED_MODE.name
+    regions = getattr(job.recomputed, "replay_mode", "") in REGION_MODES
     if getattr(job.recomputed, "offloaded", ()) and not regions:
         refusal = offload_refusal()
         if refusal:

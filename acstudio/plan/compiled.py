@@ -78,7 +78,10 @@ runs eager and every block compiles alone. The copies and their stalls are simul
 measures it on torchtitan's policy (``compile+per-op+regions``, :class:`CompiledTimes`) and the planner adds what
 it costs over compile+per-op to every offloading plan, which must then be predicted faster by
 ``PRICED_OFFLOAD_MARGIN`` of the step (the prediction's measured error); without that measurement, by
-``OFFLOAD_MARGIN``.
+``OFFLOAD_MARGIN``. Most of that cost was SDPA's bias of the attention mask, which each block compiled alone made
+again: the form now hands every block the bias made once, where the model takes it
+(:func:`acstudio.export.apply.hand_blocks_mask_bias`), and a plan priced on a calibration that ran so
+(:attr:`CompiledTimes.regions_bias`) is simulated in the "sac-compiled-bias" mode, which holds that one bias.
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ PRICED_OFFLOAD_MARGIN = 0.004
 OFFLOAD_TIE = 0.01
 COMPILED_MODE = "sac"  # a compiled plan runs as torch's selective checkpointing (acstudio.apply_plan)
 TIMED_MODE = "sac-compiled"  # the compiled memory, replays pruned as the partitioner prunes them
+# an offloading plan whose blocks are handed the mask's bias (CompiledTimes.regions_bias)
+BIAS_MODE = "sac-compiled-bias"
 
 
 def compiled_offset(ctx: PlanContext, measured_per_block_peak: int, measured_per_op_peak: int | None = None,
@@ -155,12 +160,16 @@ class CompiledTimes:
     """Measured median step times of the compiled model without checkpointing and under per-block checkpointing,
     and, where measured, under torchtitan's op-level policy (compile+per-op) and under that policy in the form a
     plan that offloads runs (``regions_ms``: compile+per-op+regions, its first block compiled on its own inside
-    the offload hooks, so that the model's loop over its blocks runs eager and each block compiles alone)."""
+    the offload hooks, so that the model's loop over its blocks runs eager and each block compiles alone).
+    ``regions_bias``: that form was measured with the blocks handed SDPA's bias of their attention mask
+    (:func:`acstudio.export.apply.hand_blocks_mask_bias`), as the plans it prices then run; the runs before it
+    (before 2026-11-29's eighteenth session) measured every block making its own."""
 
     compile_ms: float
     per_block_ms: float
     per_op_ms: float | None = None
     regions_ms: float | None = None
+    regions_bias: bool = False
 
     def __post_init__(self) -> None:
         if not all(t > 0 for t in self.given):
@@ -181,6 +190,11 @@ class CompiledTimes:
         """What running a plan's blocks in the offload form costs over compiling the model whole, measured on
         torchtitan's policy (nothing where that form ran faster); None where it was not measured."""
         return None if self.regions_ms is None else max(self.regions_ms - self.per_op_ms, 0.0)
+
+    @property
+    def regions_mode(self) -> str:
+        """The replay mode of the offloading plans these times price: the form the regions were measured in."""
+        return BIAS_MODE if self.regions_bias else TIMED_MODE
 
     @classmethod
     def parse(cls, text: str) -> CompiledTimes:
@@ -416,7 +430,8 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
     regions_cost = times.regions_cost_ms if times is not None else None
     offloads = with_region_offload(ctx, timed, found, budget + offset, solver, cancel,
                                    measured=fits_measured[0] if fits_measured else None, progress=progress,
-                                   regions_cost_ms=regions_cost)
+                                   regions_cost_ms=regions_cost,
+                                   mode=times.regions_mode if times is not None else TIMED_MODE)
     report(progress, 1, 1, "planned for torch.compile")
     if fits_measured is not None and (offloads is fits_measured[0] or not offloads.feasible):
         # it fits by measurement: planned at the budget without headroom, as the measured plan was
@@ -424,7 +439,7 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
         if offloads is not fits_measured[0]:
             offloads = in_regions(timed.plan_for_set(offloads.solver, measured_budget + at_measured,
                                                      timed.sim.indices(offloads.recomputed), offloads.stop_reason,
-                                                     mode=TIMED_MODE,
+                                                     mode=offloads.replay_mode,
                                                      offloaded=[timed.rg.act_index[a] for a in offloads.offloaded]),
                                   regions_cost)
         return as_compiled(ctx, offloads, measured_budget, at_measured, times is not None, why)
@@ -433,7 +448,8 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
 
 def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budget: int, solver: str,
                         cancel: CancelToken | None, measured: Plan | None = None,
-                        progress: ProgressFn | None = None, regions_cost_ms: float | None = None) -> Plan:
+                        progress: ProgressFn | None = None, regions_cost_ms: float | None = None,
+                        mode: str = TIMED_MODE) -> Plan:
     """``found`` or, where one is faster within ``budget`` (compiled memory), a plan that runs the first K blocks
     compiled one by one with what they save offloaded (the sac-compiled mode's offload), over K = 1, 2, ...
 
@@ -441,6 +457,8 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     (:attr:`CompiledTimes.regions_cost_ms`); each offloading plan is priced with it (:func:`in_regions`) and taken
     where it is predicted faster by ``PRICED_OFFLOAD_MARGIN`` of the step, the prediction's error. Where it was not
     measured, an offloading plan is taken only where it is predicted faster by ``OFFLOAD_MARGIN``, which covers it.
+    ``mode`` is the replay mode the offloading plans are simulated in: the form the regions run in
+    (:attr:`CompiledTimes.regions_mode`).
 
     The margin weighs offloading against recomputing only, the choice whose error it covers. Of the offloading
     plans past it, the one that moves the fewest bytes of those within ``OFFLOAD_TIE`` of the step of the fastest
@@ -474,7 +492,7 @@ def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budge
     for k in range(1, len(blocks.blocks)):
         check(cancel)
         report(progress, k - 1, len(blocks.blocks) - 1, f"planning for torch.compile: the first {k} blocks offloaded")
-        offloaded = filled_with_regions(ctx, timed, found, blocks.blocks[:k], budget, solver, cancel, fits)
+        offloaded = filled_with_regions(ctx, timed, found, blocks.blocks[:k], budget, solver, cancel, fits, mode)
         if offloaded is None:
             continue
         if fits(offloaded):
@@ -505,7 +523,8 @@ FILL_ROUNDS = 8  # searches per K: with 4, BERT seq 1024's chosen K stopped 2.2%
 
 
 def filled_with_regions(ctx: PlanContext, timed: PlanContext, found: Plan, regions: list[str], budget: int,
-                        solver: str, cancel: CancelToken | None, fits: Callable[[Plan], bool]) -> Plan | None:
+                        solver: str, cancel: CancelToken | None, fits: Callable[[Plan], bool],
+                        mode: str = TIMED_MODE) -> Plan | None:
     """The fastest plan found that offloads what ``regions`` save and fits ``budget`` (compiled memory) by ``fits``,
     priced with its copies: the peak with each activation off the device from its copy's end to its copy back, the
     stalls where a copy back lands late. None where the regions save nothing or more than the host holds.
@@ -520,17 +539,18 @@ def filled_with_regions(ctx: PlanContext, timed: PlanContext, found: Plan, regio
     no activation decision reaches (a decoder's AdamW step) and ends the search. With the held bytes alone, BERT's
     compiled grid plans measured 92.6-95.4% of their budgets; issue 27 asks for 98%."""
     blocks = sac_blocks(ctx.sim)
-    shift = int(ctx.rg.bytes[blocks.region_held(ctx.sim.indices(found.recomputed), regions)].sum())
+    bias = mode == BIAS_MODE
+    shift = int(ctx.rg.bytes[blocks.region_held(ctx.sim.indices(found.recomputed), regions, bias)].sum())
     fitted, overshot = None, None  # the largest shift whose priced plan fitted, the smallest that overshot
     previous: tuple[int, int] | None = None  # the round before's shift and unused bytes
     best: Plan | None = None
     for _ in range(FILL_ROUNDS):
         trial = fastest_in_compiled_memory(timed, budget + shift, solver, cancel)
-        held = blocks.region_held(ctx.sim.indices(trial.recomputed), regions)
+        held = blocks.region_held(ctx.sim.indices(trial.recomputed), regions, bias)
         if not held or int(ctx.rg.bytes[held].sum()) > ctx.host_memory:
             return best
         priced = timed.plan_for_set(trial.solver, budget, timed.sim.indices(trial.recomputed), trial.stop_reason,
-                                    mode=TIMED_MODE, offloaded=held)
+                                    mode=mode, offloaded=held)
         if best is None or (fits(priced), -priced.predicted_extra_ms) > (fits(best), -best.predicted_extra_ms):
             best = priced
         unused = budget - priced.predicted_peak_bytes
@@ -560,7 +580,7 @@ def as_compiled(ctx: PlanContext, compiled_memory: Plan, budget: int, offset: in
     ``timed``, the compiled overhead recorded."""
     offloaded = [ctx.rg.act_index[a] for a in compiled_memory.offloaded]
     # a plan that offloads runs its blocks compiled one by one: the compiled memory's mode is the one it runs in
-    mode = TIMED_MODE if offloaded else COMPILED_MODE
+    mode = compiled_memory.replay_mode if offloaded else COMPILED_MODE
     chosen = ctx.plan_for_set(compiled_memory.solver, budget + offset, ctx.sim.indices(compiled_memory.recomputed),
                               compiled_memory.stop_reason, mode=mode, offloaded=offloaded)
     extra = {"compiled_extra_ms": compiled_memory.predicted_extra_ms} if timed else {}

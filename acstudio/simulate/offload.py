@@ -116,6 +116,18 @@ class SavedCopies:
 
 
 @dataclass
+class HeldStorages:
+    """Storages a region runtime holds on the device that the schedule does not (SDPA's bias of an attention
+    mask, made once for all blocks: :meth:`SacBlocks.mask_bias_held
+    <acstudio.simulate.sac.SacBlocks.mask_bias_held>`): per storage its ``bytes``, held from before node ``since``
+    to after node ``until``."""
+
+    bytes: np.ndarray
+    since: np.ndarray
+    until: np.ndarray
+
+
+@dataclass
 class OffloadSchedule:
     """Where and when the copies of a plan's offloaded activations (indices, by copy order) run, and their cost.
 
@@ -151,6 +163,7 @@ class OffloadSchedule:
     saved_needed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     saved_d2h: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     saved_h2d: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    held: HeldStorages | None = None  # what the runtime holds besides (with regions only)
     # (replay schedule, its (peak, position, during a replay)) where the mode evaluated these copies beside it
     evaluated: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -181,22 +194,25 @@ class OffloadSchedule:
 
     def memory(self, sim) -> tuple[np.ndarray, np.ndarray]:
         """Bytes to add to the activation memory during and just before each node: minus each offloaded
-        activation from its release to the node before its prefetch."""
+        activation from its release to the node before its prefetch, plus what the runtime holds besides."""
         gap = (sim._span(self.release, self.prefetch - 1, -self.bytes)
                + sim._span(self.saved_release, self.saved_prefetch - 1, -self.saved_bytes))
+        if self.held is not None:
+            gap = gap + sim._span(self.held.since, self.held.until, self.held.bytes)
         return gap, gap.copy()
 
 
 def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
                      not_before: np.ndarray | None = None, regions: RegionCopies | None = None,
-                     saved: SavedCopies | None = None) -> OffloadSchedule:
+                     saved: SavedCopies | None = None, held: HeldStorages | None = None) -> OffloadSchedule:
     """Schedule and price the copies of activation indices ``offloaded`` (see the module docstring) beside the
     ``replays`` a plan runs (:class:`~acstudio.simulate.replay.Replay`: inserted before node ``at``, taking
     ``time_ms``, reading ``sources``). Activations a replay produces (recomputed ones) stay on the device, and
     so do those that cannot be offloaded. ``not_before``: per activation, the earliest node its copy back may be
     issued before (it is still issued by the node that needs it). ``regions``: where a runtime that copies whole
     regions issues each copy and needs it back, in place of the per-activation nodes; ``saved``: what such a
-    runtime copies besides activations, on the same lanes (with ``regions`` only)."""
+    runtime copies besides activations, on the same lanes (with ``regions`` only); ``held``: what it holds on
+    the device besides (with ``regions`` only)."""
     rg, facts, link = sim.replay, sim.offload_facts, sim.profile.link
     chosen = np.zeros(len(rg.bytes), dtype=bool)
     chosen[np.asarray(list(offloaded), dtype=np.int64)] = True
@@ -303,7 +319,7 @@ def offload_schedule(sim, offloaded: Collection[int], replays: Sequence = (),
     return OffloadSchedule(ks_arr[act], nbytes[act], ready[act], release[act], prefetch[act], first_bw[act],
                            needed[act], by_replay[act], d2h[act], h2d[act], float(delay), waits, float(later[-1]),
                            nbytes[other], release[other], prefetch[other], ready[other], needed[other], d2h[other],
-                           h2d[other])
+                           h2d[other], held if regions is not None else None)
 
 
 @dataclass

@@ -55,7 +55,13 @@ import numpy as np
 from acstudio.profile.model import Profile
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
 from acstudio.simulate.modes import ReplayMode, register_mode
-from acstudio.simulate.offload import OffloadSchedule, RegionCopies, SavedCopies, offload_schedule
+from acstudio.simulate.offload import (
+    HeldStorages,
+    OffloadSchedule,
+    RegionCopies,
+    SavedCopies,
+    offload_schedule,
+)
 from acstudio.simulate.replay import FORWARD_REGIONS, Replay, is_inplace
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
@@ -81,6 +87,11 @@ def is_op(node) -> bool:
 # divided by the policy calls, measured on a decoder and on a CNN on the GPU (docs/results.md); this is the lower of
 # the two, so the planner never overprices a policy.
 SAC_DISPATCH_MS = 0.0207
+
+
+def is_attention_op(target: str) -> bool:
+    """A forward SDPA kernel (``aten._scaled_dot_product_efficient_attention.default`` ...)."""
+    return "scaled_dot_product" in target and "backward" not in target
 
 
 @dataclass
@@ -504,17 +515,61 @@ class SacBlocks:
                 needed[k] = min(self.replay_at[b] for b in hs)
         return RegionCopies(ready, needed, np.array(sorted(set(self.replay_at.values())), dtype=np.int64))
 
-    def region_held(self, recomputed: Collection[int], regions: Collection[str]) -> list[int]:
+    @cached_property
+    def mask_biases(self) -> dict[int, list[int]]:
+        """Per boolean attention mask made before the blocks and handed to them (its node), the activations inside
+        the blocks that are SDPA's additive bias of it: a ``where`` of the mask (batch x 1 x query x key) between
+        two scalars that an attention op reads, directly or through an ``expand``. With regions, the runtime makes
+        that bias once before the blocks and hands it to each of them in place of the mask
+        (:func:`acstudio.export.apply.hand_blocks_mask_bias`): no block makes, saves or copies its own."""
+        nodes, index, rg = self.sim.profile.nodes, self.sim.profile.node_index, self.sim.replay
+        users: dict[int, list[int]] = {}
+        for i, nd in enumerate(nodes):
+            for u in nd.inputs:
+                users.setdefault(index[u], []).append(i)
+
+        def attends(i: int) -> bool:
+            return any(is_attention_op(nodes[j].target) or (nodes[j].target == "aten.expand.default"
+                                                            and any(is_attention_op(nodes[a].target)
+                                                                    for a in users.get(j, ())))
+                       for j in users.get(i, ()))
+
+        biases: dict[int, list[int]] = {}
+        for i, nd in enumerate(nodes):
+            if nd.target != "aten.where.self" or not self.block[i] or not nd.inputs or not attends(i):
+                continue
+            m = index[nd.inputs[0]]
+            dims = nodes[m].shape.split("x")
+            if nodes[m].dtype == "bool" and len(dims) == 4 and dims[1] == "1" and not self.block[m]:
+                biases.setdefault(m, []).extend(k for k in self.writes.get(i, []) if rg.bytes[k])
+        return {m: ks for m, ks in biases.items() if ks}
+
+    def mask_bias_held(self) -> HeldStorages | None:
+        """The biases the runtime makes of the masks (:attr:`mask_biases`) where a plan runs regions: one per
+        mask, as large as a block's, held from the first block's ``where`` (where the runtime makes it) to the
+        last backward read of any block's (every block's saved tensors hold it)."""
+        if not self.mask_biases:
+            return None
+        rg = self.sim.replay
+        held = [(int(rg.bytes[ks].max()), int(rg.created[ks].min()), int(rg.last_bw[ks].max()))
+                for ks in map(np.asarray, self.mask_biases.values())]
+        return HeldStorages(*(np.array(c, dtype=np.int64) for c in zip(*held)))
+
+    def region_held(self, recomputed: Collection[int], regions: Collection[str], mask_bias: bool = False
+                    ) -> list[int]:
         """The activations that ``regions`` (blocks, each compiled alone, their saved tensors offloaded) copy to
         the host under the compiled form of ``recomputed``: kept, read in backward, of at least
         :data:`REGION_MIN_BYTES`, held by those blocks only (an output that an offloaded block passes to one that
-        keeps, or to the loss head, stays) and offloadable at all (:class:`~acstudio.simulate.offload.OffloadFacts`)."""
+        keeps, or to the loss head, stays) and offloadable at all (:class:`~acstudio.simulate.offload.OffloadFacts`).
+        With ``mask_bias`` (the blocks are handed SDPA's bias of their mask), not the blocks' own biases."""
         rg, facts, copies = self.sim.replay, self.sim.offload_facts, self.region_copies
         _, freed = self.decide(recomputed, compiled=True)
         regions = set(regions)
+        biases = {k for ks in self.mask_biases.values() for k in ks} if mask_bias else set()  # handed in
         return [k for k in range(len(rg.bytes))
                 if not freed[k] and rg.bytes[k] >= REGION_MIN_BYTES and rg.first_bw[k] < self.sim.n
-                and facts.offloadable[k] and copies.ready[k] >= 0 and set(self.holders(k)) <= regions]
+                and facts.offloadable[k] and copies.ready[k] >= 0 and set(self.holders(k)) <= regions
+                and k not in biases]
 
     def region_saved(self, schedule: SacSchedule, regions: Collection[str]) -> SavedCopies | None:
         """What ``regions`` (blocks compiled alone inside saved-tensors hooks) copy besides activations: the
@@ -677,11 +732,30 @@ class ReplaySacCompiled(ReplaySac):
             for f in dataclasses.fields(fresh):
                 setattr(schedule, f.name, getattr(fresh, f.name))
         regions = {b for k in offloaded for b in blocks.holders(int(k))}
+        held = blocks.mask_bias_held() if self.hands_mask_bias else None
         return offload_schedule(sim, offloaded, schedule.replays, regions=blocks.region_copies,
-                                saved=blocks.region_saved(schedule, regions))
+                                saved=blocks.region_saved(schedule, regions), held=held)
+
+    hands_mask_bias = False  # whether the blocks are handed SDPA's bias of their mask (ReplaySacCompiledBias)
 
 
 SAC_COMPILED_MODE = register_mode(ReplaySacCompiled())
+
+
+class ReplaySacCompiledBias(ReplaySacCompiled):
+    """The compiled SAC form whose blocks, run one by one for their offload, are handed SDPA's additive bias of
+    their boolean attention mask, made once before them (:func:`acstudio.export.apply.hand_blocks_mask_bias`), in
+    place of the mask: no block makes, saves or copies its own bias (:meth:`SacBlocks.region_held`), and the one
+    bias is held from the first block's forward to the last backward that reads it
+    (:meth:`SacBlocks.mask_bias_held`). Without offload it is the compiled form itself. The plans of runs whose
+    blocks each made their own (before 2026-11-29's eighteenth session) are in ``sac-compiled``."""
+
+    name = "sac-compiled-bias"
+    summary = "selective checkpointing under torch.compile, blocks run one by one handed the mask's bias"
+    hands_mask_bias = True
+
+
+SAC_COMPILED_BIAS_MODE = register_mode(ReplaySacCompiledBias())
 
 
 @dataclass

@@ -30,7 +30,8 @@ values where nothing is padded, as the grid's batches are not. It is not (H200, 
 against the form's +7.1; ``results/probes/compiled_regions_mask_gpt2-s2048_h200.txt``): the kernels say each block's
 backward makes SDPA's additive bias of the mask again (+4.5 ms) and its attention backward reads it slower (+3.0 ms).
 ``peer-regions-float-mask`` hands every block that bias, made once per step, as the model compiled whole makes it
-once.
+once. Since then the bench's form hands the blocks that bias itself (``per_op_as_regions``), so ``peer-regions`` is
+that form and ``peer-regions-float-mask`` runs it again; the run before is in the results file.
 
 ``PROBE_KERNELS=N`` also profiles two more forwards and backwards of each form (torch.profiler) and lists the N
 kernels whose time differs most from the first form's: where a form's cost is, by kernel.
