@@ -60,6 +60,7 @@ from acstudio.errors import ACStudioError, PlanMismatchError
 from acstudio.export.sac import POLICY_FILE, OpDecision, SacPolicy, offload_refusal
 from acstudio.hostcopy import CopyStreams, PageLocked, check_host_memory, storage_bytes
 from acstudio.profile.replay_rules import BATCH_NORM_OPS
+from acstudio.simulate.replay import is_attention
 from acstudio.simulate.sac import REGION_MIN_BYTES
 
 _IGNORED = {str(op) for op in SAC_IGNORED_OPS}  # ops SAC never shows its policy
@@ -688,7 +689,7 @@ def without_mask_bias_ops(ops: list[OpDecision]) -> list[OpDecision]:
     between two scalars, just before the attention), which a block handed the bias does not run."""
     drop = set()
     for i, d in enumerate(ops):
-        if d.op == "aten.where.self" and any("scaled_dot_product" in o.op for o in ops[i + 1:i + 3]):
+        if d.op == "aten.where.self" and any(is_attention(o.op) for o in ops[i + 1:i + 3]):
             drop.add(i)
             j = i - 1
             while j >= 0 and ops[j].op == "aten.scalar_tensor.default":

@@ -19,7 +19,7 @@ import numpy as np
 
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.blocks import repeated_blocks
-from acstudio.simulate.replay import FORWARD_REGIONS
+from acstudio.simulate.replay import ATTENTION_KERNELS, FORWARD_REGIONS, is_attention
 
 
 def node_blocks(ctx: PlanContext) -> list[str]:
@@ -86,16 +86,8 @@ def sqrt_n(ctx: PlanContext) -> list[int]:
 # The aten ops whose outputs torchtitan's op-level policy saves (its ``_save_list``): matmuls, every second one, and
 # attention. acstudio.bench.steps builds the runtime policy of the per-op peer from the same names.
 PER_OP_MATMULS = ("mm", "addmm", "bmm")
-PER_OP_ATTENTION = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
-                    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                    "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps")
+PER_OP_ATTENTION = ATTENTION_KERNELS
 MATMULS = frozenset(f"aten.{name}.default" for name in PER_OP_MATMULS)
-_ATTENTION = frozenset(f"aten.{name}.default" for name in PER_OP_ATTENTION)
-
-
-def is_attention(target: str) -> bool:
-    """A fused attention kernel (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` ...)."""
-    return target in _ATTENTION
 
 
 def torchtitan_saved(ctx: PlanContext) -> set[int]:

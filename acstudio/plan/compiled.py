@@ -539,7 +539,7 @@ def filled_with_regions(ctx: PlanContext, timed: PlanContext, found: Plan, regio
     no activation decision reaches (a decoder's AdamW step) and ends the search. With the held bytes alone, BERT's
     compiled grid plans measured 92.6-95.4% of their budgets; issue 27 asks for 98%."""
     blocks = sac_blocks(ctx.sim)
-    bias = mode == BIAS_MODE
+    bias = get_mode(mode).hands_mask_bias
     shift = int(ctx.rg.bytes[blocks.region_held(ctx.sim.indices(found.recomputed), regions, bias)].sum())
     fitted, overshot = None, None  # the largest shift whose priced plan fitted, the smallest that overshot
     previous: tuple[int, int] | None = None  # the round before's shift and unused bytes

@@ -39,6 +39,18 @@ from acstudio.profile.model import Profile
 from acstudio.profile.replay_rules import replay_rules
 
 FORWARD_REGIONS = ("forward", "loss")
+# The fused attention kernels SDPA dispatches to (aten packet names): torchtitan's op-level policy saves their
+# outputs, and a block's ``where`` read by one is SDPA's bias of a boolean mask.
+ATTENTION_KERNELS = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                     "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps")
+_ATTENTION = frozenset(f"aten.{name}.default" for name in ATTENTION_KERNELS)
+
+
+def is_attention(target: str) -> bool:
+    """A fused attention kernel (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` ...)."""
+    return target in _ATTENTION
+
 # Bytes of one saved generator state: the CPU's Mersenne Twister state, or a CUDA Philox seed and offset (a
 # host tensor: it takes no device memory, counted anyway as the price of a state kept for a replay).
 RNG_STATE_BYTES = {"cpu": 5056, "cuda": 16}

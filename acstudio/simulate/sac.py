@@ -62,7 +62,7 @@ from acstudio.simulate.offload import (
     SavedCopies,
     offload_schedule,
 )
-from acstudio.simulate.replay import FORWARD_REGIONS, Replay, is_inplace
+from acstudio.simulate.replay import FORWARD_REGIONS, Replay, is_attention, is_inplace
 from acstudio.simulate.shared import SharedSchedule, evaluate_shared
 from acstudio.simulate.simulator import SimResult, Simulator
 
@@ -87,11 +87,6 @@ def is_op(node) -> bool:
 # divided by the policy calls, measured on a decoder and on a CNN on the GPU (docs/results.md); this is the lower of
 # the two, so the planner never overprices a policy.
 SAC_DISPATCH_MS = 0.0207
-
-
-def is_attention_op(target: str) -> bool:
-    """A forward SDPA kernel (``aten._scaled_dot_product_efficient_attention.default`` ...)."""
-    return "scaled_dot_product" in target and "backward" not in target
 
 
 @dataclass
@@ -529,9 +524,9 @@ class SacBlocks:
                 users.setdefault(index[u], []).append(i)
 
         def attends(i: int) -> bool:
-            return any(is_attention_op(nodes[j].target) or (nodes[j].target == "aten.expand.default"
-                                                            and any(is_attention_op(nodes[a].target)
-                                                                    for a in users.get(j, ())))
+            return any(is_attention(nodes[j].target) or (nodes[j].target == "aten.expand.default"
+                                                         and any(is_attention(nodes[a].target)
+                                                                 for a in users.get(j, ())))
                        for j in users.get(i, ()))
 
         biases: dict[int, list[int]] = {}
