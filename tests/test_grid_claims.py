@@ -31,27 +31,24 @@ def test_the_grid_has_nine_shapes_each_with_every_ratio(grid):
     assert all(r is not None for ratios in grid.values() for r in ratios.values())
 
 
-def test_every_plan_fits_and_only_gpt2_seq_2048_compiled_is_slower_than_its_peer_beyond_the_iqr(grid):
-    """README: compiled GPT-2 seq 2048 is slower than compile+per-op beyond the IQR, running the peer's own policy
-    (torchtitan's set, 0.9 ms over the peer's row); no other row is."""
-    slower = set()
+def test_every_plan_fits_and_none_is_slower_than_its_peer_beyond_the_iqr(grid):
+    """README: no row is slower than its peer beyond the run's IQR; GPT-2 seq 2048 compiled, which ran the peer's own
+    policy 0.9 ms slower (1.002, seventeenth session), offloads since its form is handed the mask's bias (0.988)."""
     for shape, ratios in grid.items():
         for column, r in ratios.items():
             assert r.fits, f"{shape} at {column}: OVER its budget"
-            if r.slower:
-                slower.add((shape, column))
-    assert slower == {("gpt2-s2048", "compile+per-op's peak")}
-    assert "That row ran 1.002 (435.3 / 434.4 ms, IQRs 0.5 / 0.4, H200, 2026-11-29), **slower beyond the IQR**" in (
-        readme_words()
-    )
+            assert not r.slower, f"{shape} at {column}: slower than its peer beyond the IQR"
+    worst = "| 1.000 (the decoder at seq 2048, H200, inside the IQRs; no shape is slower beyond them) |"
+    assert worst in readme_words()
 
 
 def test_the_readmes_best_and_worst_shapes_are_the_grids(grid):
     """README and docs/results.md: at HF GC's peak 0.13x (BERT seq 2048, H200) to 0.41x (the decoder at seq 512, H100;
     at seq 1024 0.41x too, H200) of its overhead; compiled at compile+per-op's peak 0.900 (BERT seq 512, H200, its
-    first blocks offloaded) and 0.918 (BERT seq 1024) to 1.002 (GPT-2 seq 2048), GPT-2 seq 512 0.989 (H200, its
-    first 2 blocks offloaded, the form they run in priced), the decoder's three shapes ties (H200, 2026-11-29); every
-    peak, on every row and column, within 1% of the prediction."""
+    first blocks offloaded) and 0.918 (BERT seq 1024) to 1.000 (the decoder at seq 2048, a tie), GPT-2 seq 512 0.989
+    and seq 2048 0.988 (H200, their first blocks offloaded, the form they run in priced; at seq 2048 handed the mask's
+    bias), the decoder's three shapes ties (H200, 2026-11-29); every peak, on every row and column, within 1% of the
+    prediction."""
     readme = readme_words()
     at_hf = {s: r["HF GC's peak"].value for s, r in grid.items()}
     assert min(at_hf, key=at_hf.get) == "bert-s2048" and round(at_hf["bert-s2048"], 2) == 0.13
@@ -61,12 +58,12 @@ def test_the_readmes_best_and_worst_shapes_are_the_grids(grid):
     best = sorted(compiled, key=compiled.get)[:2]
     assert best == ["bert-s512", "bert-s1024"] and [round(compiled[s], 3) for s in best] == [0.900, 0.918]
     assert round(compiled["bert-s2048"], 3) == 0.940
-    assert max(compiled, key=compiled.get) == "gpt2-s2048" and round(compiled["gpt2-s2048"], 3) == 1.002
+    assert max(compiled, key=compiled.get) == "decoder1b-s2048" and round(compiled["decoder1b-s2048"], 3) == 1.0
+    assert round(compiled["gpt2-s2048"], 3) == 0.988 and "(**0.988**, 429.6 / 434.8 ms, IQRs 0.3 / 0.5, H200" in readme
     decoder = [round(compiled[f"decoder1b-s{s}"], 3) for s in (512, 1024, 2048)]
     assert decoder == [0.995, 0.99, 1.0] and "tie (0.995, 0.990, 1.000, inside the IQRs, H200" in readme
     assert round(compiled["gpt2-s512"], 3) == 0.989
     assert "0.900 (BERT seq 512, H200" in readme and "seq 1024 0.918, seq 2048 0.940" in readme
-    assert "| 1.002 (GPT-2 seq 2048, H200" in readme and "the decoder at seq 2048 1.000, inside them" in readme
     assert "(**0.989** and 0.994, H200, 2026-11-29" in readme
     assert "0.981 (GPT-2 seq 512" not in readme and "4.4-5.8% under the prediction" not in readme
     assert all(abs(r.peak_error_pct) < 1 for ratios in grid.values() for r in ratios.values())

@@ -74,6 +74,7 @@ RECOMPUTE = "recompute"
 OFFLOAD = "offload"  # saved, its output copied to host memory and back (see the module)
 MASK_FROM_SHAPE = {"aten.native_dropout.default"}  # its second output, the mask, reads only the input's shape
 LAYER_NORM_OPS = {"aten.native_layer_norm.default"}  # compiled, saved, their backward reads the normalized input
+NORM_BACKWARD = "aten.native_layer_norm_backward.default"  # inputs: gradient, input, mean, rstd, weight, bias
 UPDATES_STATE = "updates module state"  # why an op is saved whatever the plan (BatchNorm's num_batches_tracked += 1)
 
 
@@ -151,6 +152,7 @@ class SacBlocks:
         # creating node. SAC holds a saved op's ones until the replay, and a block's arguments until its backward.
         self.scratch: dict[str, tuple[int, int]] = {}
         self.scratch_made: dict[int, list[str]] = {}
+        self.tensor_bytes = {t.id: t.bytes for t in profile.tensors}
         for t in profile.tensors:
             i = index[t.created_at]
             created.setdefault(i, []).append(t.id)
@@ -228,7 +230,21 @@ class SacBlocks:
         self._moved: dict[tuple[int, int, tuple[int, ...]], tuple[Replay, Replay]] = {}
         self._forms: dict[tuple[str, frozenset[int], bool], _BlockForm] = {}
         self.pruned: dict[int, Replay] = {}  # id of a replay in _forms -> it with sac-compiled's time
+        self._needed_of: dict[int, tuple[Replay, dict[int, bool]]] = {}  # id of a replay -> it, what it needs
         self.inputs = inputs
+        # Backward nodes reading each activation, and each layer norm's backward's forward norm (by its statistics)
+        self.backward_readers: dict[int, list[int]] = {}
+        self.norm_of_backward: dict[int, int] = {}
+        for j, nd in enumerate(nodes):
+            if nd.region != "backward":
+                continue
+            for u in inputs[j]:
+                for k in self.writes.get(u, ()):
+                    self.backward_readers.setdefault(k, []).append(j)
+            if nd.target == NORM_BACKWARD and len(inputs[j]) > 2:
+                norm = index.get(nodes[inputs[j][2]].storage.split(".")[0])
+                if norm is not None and nodes[norm].target in LAYER_NORM_OPS:
+                    self.norm_of_backward[j] = norm
         # Views of values from outside the block (the rotary cos/sin that a decoder layer unsqueezes): replaying one
         # costs nothing and holds nothing new, so it is recomputed; saving it would make a block that recomputes
         # everything else run SAC's per-op dispatch in eager instead of a plain checkpoint.
@@ -378,14 +394,22 @@ class SacBlocks:
     def _needed(self, replay: Replay) -> dict[int, bool]:
         """The replayed nodes the replay's outputs depend on, each with whether what is needed of it needs its
         inputs: not where only a dropout's mask is (compiled, a dropout draws its mask from its input's shape,
-        ``rand_like`` decomposed to ``rand``, so recomputing the mask reruns nothing before it)."""
+        ``rand_like`` decomposed to ``rand``, so recomputing the mask reruns nothing before it). Once per replay:
+        the replays are the block forms' (kept in ``_forms`` and ``_moved``), so their identity is stable."""
+        known = self._needed_of.get(id(replay))
+        if known is None or known[0] is not replay:
+            known = self._needed_of[id(replay)] = (replay, self._walk_needed(replay))
+        return known[1]
+
+    def _walk_needed(self, replay: Replay) -> dict[int, bool]:
         nodes, act_ids = self.sim.profile.nodes, self.sim.replay.act_ids
         replayed = set(replay.nodes.tolist())
 
         def reads_inputs(i: int, storage: str) -> bool:
             return nodes[i].target not in MASK_FROM_SHAPE or storage == nodes[i].storage
 
-        todo = [(i, reads_inputs(i, act_ids[k])) for k in replay.outputs for i in self.writers[k] if i in replayed]
+        todo = [(i, reads_inputs(i, act_ids[k])) for k in replay.outputs if not self.read_by_saved_norms(k, replayed)
+                for i in self.writers[k] if i in replayed]
         whole: dict[int, bool] = {}
         while todo:
             i, reads = todo.pop()
@@ -397,6 +421,14 @@ class SacBlocks:
                 todo.extend((u, reads_inputs(u, picked or nodes[u].storage)) for u in self.inputs[i] if u in replayed)
         return whole
 
+    def read_by_saved_norms(self, k: int, replayed: Collection[int]) -> bool:
+        """Whether backward reads activation ``k`` only as the input of layer norms that the replay (of nodes
+        ``replayed``) does not recompute, i.e. saved ones: compiled, their backward reads the normalized input
+        saved in forward instead (:meth:`compiled_normalized`), so nothing recomputes ``k`` for them."""
+        readers = self.backward_readers.get(k)
+        return bool(readers) and all(j in self.norm_of_backward and self.norm_of_backward[j] not in replayed
+                                     and k in self.writes.get(self.inputs[j][1], ()) for j in readers)
+
     def compiled_scratch(self, form: _BlockForm) -> dict[str, int]:
         """The part of ``form.saved_scratch`` the compiled step saves: outputs of saved ops that its pruned replay
         reads (a saved dropout's output that the recomputed residual add reads); the partitioner saves no other."""
@@ -405,6 +437,29 @@ class SacBlocks:
         storage = [nd.storage for nd in self.sim.profile.nodes]
         read = {storage[u] for i, reads in self._needed(form.replay).items() if reads for u in self.inputs[i]}
         return {t: at for t, at in form.saved_scratch.items() if t in read}
+
+    def compiled_normalized(self, form: _BlockForm) -> list[tuple[int, int]]:
+        """The saved layer norms of a block whose compiled step holds their normalized input as well as what the
+        plan simulates, each as (its node, the normalized input's bytes). Inductor computes a saved layer norm's
+        normalized input in forward and saves it for the norm's backward, which then reads neither the input
+        (:meth:`read_by_saved_norms`) nor a recomputation of it. Where the plan keeps the input and nothing else
+        needs it, the normalized input is held in its place, the same bytes; it is held as well where the input is
+        one the plan frees (GPT-2's ``ln_2`` kept, its residual add recomputed: the replay no longer makes it, the
+        forward holds its normalized form) or one the pruned replay reads (GPT-2's ``ln_1`` kept, the residual add
+        after the attention recomputed from the block's input). Measured on GPT-2 (H200): seq 2048's first plan in
+        the bias form peaked 2.2% over its prediction, one hidden state per block so planned, and its regions copied
+        them too (``results/probes/compiled_form_peak_gpt2-s2048_bias_h200.txt``); counted, the plans that ran at
+        seq 1024 and 2048 copy what was measured, to the byte, and peak within 0.1% of it
+        (``tests/test_compiled_offload.py``)."""
+        nodes = self.sim.profile.nodes
+        norms = [i for i, how in form.decision.items() if how == SAVE and nodes[i].target in LAYER_NORM_OPS
+                 and self.inputs[i]]
+        if form.replay is None or not norms:
+            return []
+        storage = [nd.storage for nd in nodes]
+        read = {storage[u] for j, reads in self._needed(form.replay).items() if reads for u in self.inputs[j]}
+        read |= {self.sim.replay.act_ids[k] for k in form.freed}
+        return [(i, self.tensor_bytes[storage[i]]) for i in norms if storage[self.inputs[i][0]] in read]
 
     def schedule(self, recomputed: Collection[int], compiled: bool = False, blocks_alone: bool = False
                  ) -> SharedSchedule:
@@ -415,7 +470,7 @@ class SacBlocks:
         n_act = len(self.sim.replay.bytes)
         back = np.full(n_act, -1, dtype=np.int64)
         keep_until = np.full(n_act, -1, dtype=np.int64)
-        replays, held, saved_by = [], {}, {}
+        replays, held, saved_by, normalized = [], {}, {}, []
         forms = {b: self._block(b, asked, compiled) for b, asked in self._asked(recomputed).items()}
         late = self.recomputed_at_first_use(forms, blocks_alone) if compiled else {}
         for b, form in forms.items():
@@ -427,6 +482,7 @@ class SacBlocks:
             held.update({t: min(until, at) for t, until in scratch.items()})
             if compiled:
                 saved_by.update(dict.fromkeys(scratch, b))
+                normalized += [(b, i, nbytes) for i, nbytes in self.compiled_normalized(form)]
             for t in form.arg_scratch:
                 held[t] = max(held.get(t, -1), self.backward_end[b] + 1)
             for s in form.kept_sources:
@@ -439,6 +495,9 @@ class SacBlocks:
         for row, t in enumerate(held):
             if t in saved_by:
                 saved_rows.setdefault(saved_by[t], []).append(row)
+        for b, i, nbytes in normalized:  # from the norm's forward to its block's backward end
+            saved_rows.setdefault(b, []).append(len(cached))
+            cached.append((i, self.backward_end[b], nbytes))
         return SacSchedule(replays, back, keep_until, np.array(cached, dtype=np.int64).reshape(-1, 3),
                            recomputed=recomputed, saved_rows=saved_rows, late=late)
 
@@ -679,8 +738,10 @@ class ReplaySacCompiled(ReplaySac):
     after their last forward use. And a block's output that only code outside the wrapped blocks reads (the last
     layer's, read by the loss head), written by recomputed ops, is recomputed at its first backward use
     (:meth:`SacBlocks.recomputed_at_first_use`) where eager's caller holds it; one a kept layer norm reads stays,
-    its normalized input saved in its place. Otherwise memory is the "sac" mode's;
-    from it :mod:`acstudio.plan.compiled` calibrates the compiled peak."""
+    its normalized input saved in its place. A kept layer norm's backward reads that normalized input, not its
+    input, which the replay then need not recompute for it; the normalized input is held beside the input where
+    the plan frees the input or the replay reads it (:meth:`SacBlocks.compiled_normalized`). Otherwise memory is
+    the "sac" mode's; from it :mod:`acstudio.plan.compiled` calibrates the compiled peak."""
 
     name = "sac-compiled"
     summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"

@@ -28,6 +28,11 @@ copies off (``sac+compile, no copies``) and once with no regions at all, the mod
 Its output: results/probes/compiled_form_peak_gpt2-s512_split_h200.txt. Set it beside the planner's prediction,
 block by block, on a CPU:
   PYTHONPATH=. PROBE_OFFLOAD_MARGIN=0.01 python3 benchmarks/probes/compiled_form_peak.py --predicted RESULT_JSON PROFILE
+The bench's plan is made from the run's calibration rows as the grid made it, ``compile+per-op+regions`` included
+(its time, and whether its blocks were handed the mask's bias). GPT-2 seq 2048's first plan in the bias form (H200,
+2026-11-29, nineteenth session), 281 MiB over its prediction: results/probes/compiled_form_peak_gpt2-s2048_bias_h200.txt
+(from results/probes/gpt2-s2048.compiled-bias.json and .profile.json.gz), its prediction beside it in
+..._predicted_cpu.txt.
 """
 
 import collections
@@ -198,7 +203,11 @@ def configs(result: dict, profile: Path, tmp: Path) -> list[dict]:
     plan_dir_profile = tmp / "profiles" / profile.name
     plan_dir_profile.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(profile, plan_dir_profile)
-    times = [rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")]
+    # the calibration rows as the grid run's planner had them: the regions form's time, and whether it ran handed
+    # the mask's bias, where the run measured it
+    timed = [c for c in ("compile", "compile+per-block", "compile+per-op", "compile+per-op+regions") if c in rows]
+    times = [rows[c]["time_ms_median"] for c in timed]
+    bias = bool(rows.get("compile+per-op+regions", {}).get("details", {}).get("mask_bias"))
     out = []
     for name in CONFIGS:
         row = rows[name]
@@ -210,7 +219,7 @@ def configs(result: dict, profile: Path, tmp: Path) -> list[dict]:
             cfg |= {"budget": f"{ours['details']['budget_bytes']}B",
                     "compiled_per_block_peak": f"{rows['compile+per-block']['peak_bytes']}B",
                     "compiled_per_op_peak": f"{rows['compile+per-op']['peak_bytes']}B",
-                    "compiled_step_ms": ",".join(repr(t) for t in times)}
+                    "compiled_step_ms": ",".join(repr(t) for t in times), "regions_bias": bias}
             if margin:  # each in its own profile folder: the bench exports each plan beside its profile
                 for label, change in ((NO_COPIES, {"no_copies": True}), (WHOLE, {"whole": True})):
                     own_profile = tmp / label.replace(" ", "_").replace(",", "") / profile.name
