@@ -321,7 +321,7 @@ def cmd_verify(args) -> int:
 
 def cmd_export(args) -> int:
     from acstudio.export.exporter import EXPORT_FOLDER, FORMATS, export
-    from acstudio.export.sac import REGION_MODES, offload_refusal
+    from acstudio.export.sac import offload_refusal, offloads_by_region
 
     formats = None if args.format is None else [f.strip() for f in args.format.split(",") if f.strip()]
     unknown = [f for f in formats or () if f not in FORMATS]
@@ -338,7 +338,7 @@ def cmd_export(args) -> int:
     names = {os.path.basename(p) for p in paths}
     if "step.py" in names:
         print(f"use it: step = acstudio.load_step({args.out!r}, model, optimizer); loss = step(batch)")
-    if "sac_policy.json" in names and getattr(plan, "offloaded", None) and plan.replay_mode in REGION_MODES:
+    if "sac_policy.json" in names and getattr(plan, "offloaded", None) and offloads_by_region(plan.replay_mode):
         print(f"use it: model = torch.compile(acstudio.apply_plan(model, {args.out!r}, compile_options={{}}))  "
               "# its first blocks compiled one by one (with compile_options), what they save offloaded")
     elif "sac_policy.json" in names:

@@ -40,24 +40,22 @@ from acstudio.errors import ProfileFileError
 from acstudio.export.formats import ExportFormat, ExportJob, register_format
 from acstudio.fileio import read_document, write_document
 from acstudio.profile.model import Profile
-from acstudio.simulate.modes import get_mode
-from acstudio.simulate.sac import (
-    OFFLOAD,
-    SAC_COMPILED_BIAS_MODE,
-    SAC_COMPILED_MODE,
-    SAVE,
-    is_op,
-    sac_blocks,
-    simulate_sac,
-)
+from acstudio.simulate.modes import REPLAY_MODES, get_mode
+from acstudio.simulate.sac import OFFLOAD, SAVE, is_op, sac_blocks, simulate_sac
 from acstudio.simulate.simulator import Simulator
 
 POLICY_FILE = "sac_policy.json"
 POLICY_SCHEMA = "acstudio.sac_policy"
 VERSIONS = (5, 4, 3, 2, 1)  # read; written: 5 with the mask's bias, 4 with regions, 3 with a save-eager decision,
 # 2 when it offloads, else 1
-REGION_MODES = (SAC_COMPILED_MODE.name, SAC_COMPILED_BIAS_MODE.name)  # the modes that offload by region
 OFFLOAD_FORM = "export the step format and run it with acstudio.load_step"
+
+
+def offloads_by_region(replay_mode: str) -> bool:
+    """Whether a plan made in ``replay_mode`` offloads what whole blocks save (a compiled mode: the policy's
+    regions) rather than per op."""
+    mode = REPLAY_MODES.get(replay_mode)
+    return mode is not None and mode.offloads_by_region
 
 
 @dataclass(frozen=True)
@@ -95,8 +93,9 @@ class SacPolicy:
     def from_plan(cls, profile: Profile, recomputed: list[str], offloaded: Collection[str] = (),
                   replay_mode: str = "sac") -> SacPolicy:
         """The SAC form of ``recomputed``, offloading what it can of ``offloaded`` (activation ids): per op, or,
-        for a plan made in a compiled mode that offloads by region (:data:`REGION_MODES`), what whole blocks save."""
-        regions = replay_mode in REGION_MODES and bool(offloaded)
+        for a plan made in a compiled mode that offloads by region (:func:`offloads_by_region`), what whole blocks
+        save."""
+        regions = offloads_by_region(replay_mode) and bool(offloaded)
         sim = Simulator(profile)
         form = simulate_sac(sim, recomputed, () if regions else offloaded)
         by_id = profile.node_by_id
@@ -105,7 +104,7 @@ class SacPolicy:
                       for i, how in ops if is_op(by_id[i])] for b, ops in form.decisions.items()}
         if regions:
             result = get_mode(replay_mode).simulate(sim, recomputed, offloaded)
-            bias = replay_mode == SAC_COMPILED_BIAS_MODE.name and bool(sac_blocks(sim).mask_biases)
+            bias = get_mode(replay_mode).hands_mask_bias and bool(sac_blocks(sim).mask_biases)
             return cls(profile.fingerprint, blocks, form.freed, result.peak_bytes, result.extra_ms,
                        containers(profile, blocks), result.offload.moved_bytes,
                        sac_blocks(sim).fetched_by(result.offload), bias)
@@ -236,7 +235,7 @@ def offload_refusal() -> str:
 
 
 def unavailable(job: ExportJob) -> str:
-    regions = getattr(job.recomputed, "replay_mode", "") in REGION_MODES
+    regions = offloads_by_region(getattr(job.recomputed, "replay_mode", ""))
     if getattr(job.recomputed, "offloaded", ()) and not regions:
         refusal = offload_refusal()
         if refusal:

@@ -33,7 +33,7 @@ from acstudio.rewrite import offload as offload_runtime
 from acstudio.rewrite.memory import live_bytes
 from acstudio.rewrite.rewriter import RewrittenStep, rewrite_step
 from acstudio.simulate.modes import get_mode
-from acstudio.simulate.sac import SAC_COMPILED_BIAS_MODE, SAC_COMPILED_MODE, SAC_MODE
+from acstudio.simulate.sac import ReplaySac
 from acstudio.simulate.simulator import Simulator
 from acstudio.units import format_bytes
 from acstudio.workload import WorkloadSpec, build_workload
@@ -285,7 +285,7 @@ def report_text(profile: Profile, plan, step, rewritten: RewrittenStep) -> str:
 
 def unavailable(job: ExportJob) -> str:
     mode = getattr(job.plan, "replay_mode", "again")
-    if get_mode(mode).name in (SAC_MODE.name, SAC_COMPILED_MODE.name, SAC_COMPILED_BIAS_MODE.name):
+    if isinstance(get_mode(mode), ReplaySac):  # every selective-checkpointing mode
         return ("the plan was priced for selective checkpointing, which the rewritten step does not run — export "
                 "it with --format sac, or plan for the rewritten step")
     return ""

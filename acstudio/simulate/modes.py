@@ -35,6 +35,8 @@ class ReplayMode:
     # Whether the step this mode prices can also offload activations (the rewritten step can, the eager SAC form
     # some ops' outputs, the compiled form none: see acstudio.simulate.sac and acstudio.plan.compiled).
     supports_offload: ClassVar[bool] = False
+    # Whether a plan in this mode offloads what whole blocks save, each block compiled alone (a policy's regions)
+    offloads_by_region: ClassVar[bool] = False
 
     def schedule(self, sim: Simulator, recomputed: Sequence[int]) -> Any:
         """The replays of activation indices ``recomputed``: an object with ``replays`` (list of

@@ -746,6 +746,8 @@ class ReplaySacCompiled(ReplaySac):
     name = "sac-compiled"
     summary = "selective checkpointing per block under torch.compile (replays pruned to what backward reads)"
     supports_offload = True  # what whole blocks save, each compiled alone (see offload)
+    offloads_by_region = True
+    hands_mask_bias = False  # whether the blocks are handed SDPA's bias of their mask (ReplaySacCompiledBias)
 
     def may_keep_back(self, sim: Simulator, recomputed: Sequence[int], k: int) -> bool:
         return True  # compiled, the policy runs while tracing only
@@ -792,7 +794,6 @@ class ReplaySacCompiled(ReplaySac):
         return offload_schedule(sim, offloaded, schedule.replays, regions=blocks.region_copies,
                                 saved=blocks.region_saved(schedule, regions), held=held)
 
-    hands_mask_bias = False  # whether the blocks are handed SDPA's bias of their mask (ReplaySacCompiledBias)
 
 
 SAC_COMPILED_MODE = register_mode(ReplaySacCompiled())
