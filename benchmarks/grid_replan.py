@@ -30,7 +30,8 @@ def compiled_plan_of(rows: dict[str, dict], profile: Profile):
     regions = rows.get("compile+per-op+regions")  # measured by the bench since 2026-11-29 (the fifteenth session)
     times = CompiledTimes(plain["time_ms_median"], per_block["time_ms_median"], per_op["time_ms_median"],
                           regions["time_ms_median"] if regions else None,
-                          bool(regions and regions.get("details", {}).get("mask_bias")))
+                          bool(regions and regions.get("details", {}).get("mask_bias")),
+                          plain.get("details", {}).get("host_issue_ms"))  # measured since the twentieth session
     budget = int(per_op["peak_bytes"])
     second_peak = budget if per_op["peak_bytes"] > per_block["peak_bytes"] else None
     return compiled_plan(profile, budget, int(per_block["peak_bytes"]), second_peak, times, one_device=True)

@@ -782,6 +782,33 @@ def test_gpt2s_offloading_plans_count_what_the_runtime_copied_on_the_gpu(probe, 
     assert abs((again.predicted_peak_bytes - plan.compiled_offset_bytes) / row["peak_bytes"] - 1) < 0.001
 
 
+@pytest.mark.usefixtures("small_regions")
+def test_compiled_offloads_host_calls_are_priced_against_the_compiled_steps_host_time():
+    """An offloading plan's copies take host calls, which cost the step only where the host has no lead over the
+    device. On a profile whose eager host is what limits the step, they are priced; given compile's step issued
+    in a tenth of its time (CompiledTimes.compile_host_ms, measured by the bench), the host's lead absorbs them."""
+    _, profile = workload()
+    profile = dataclasses.replace(profile, host_issue_ms=4 * profile.iteration_ms,  # eager's host limits the step
+                                  host_link=dataclasses.replace(profile.host_link, offload_issue_us=40.0))
+    ctx = PlanContext(profile)
+    blocks = sac_blocks(ctx.sim)
+    rc = [int(c) for c in ctx.rg.candidates if blocks.act_block[c] in blocks.blocks and int(c) % 2]
+    held = blocks.region_held(rc, blocks.blocks[:2])
+    times = CompiledTimes(profile.iteration_ms, profile.iteration_ms * 1.5, profile.iteration_ms * 1.2)
+    mode = get_mode(TIMED_MODE)
+
+    def priced(t: CompiledTimes):
+        timed = acstudio_compiled.compiled_context(ctx, t)
+        return mode.offload(timed.sim, mode.schedule(timed.sim, rc), held), timed
+
+    eager_host, _ = priced(times)
+    compiled_host, timed = priced(dataclasses.replace(times, compile_host_ms=profile.iteration_ms / 10))
+    assert held and eager_host.issue_ms > 0 and compiled_host.issue_ms == 0
+    assert timed.profile.host_issue_ms == profile.iteration_ms / 10 and ctx.profile.host_issue_ms > profile.iteration_ms
+    with pytest.raises(ACStudioError, match="host's time to issue compile's step must be positive"):
+        dataclasses.replace(times, compile_host_ms=0.0)
+
+
 def test_a_block_bias_the_plan_keeps_is_the_handed_bias_counted_once_on_the_gpu():
     """BERT seq 2048's compiled part in the bias form (H200, 2026-11-29, twentieth session) ran a plan that kept
     layer 1's own bias of the mask (its ``where``, 256 MiB). Handed the one bias made before the blocks, the block

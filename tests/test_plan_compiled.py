@@ -298,14 +298,16 @@ def test_at_compile_per_ops_own_peak_its_measured_set_needs_no_planning_headroom
 
 def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(tmp_path, monkeypatch):
     """bench measures compile+per-block, compile, compile+per-op and compile+per-op+regions first (once each) and
-    hands their peaks and step times to every sac+compile worker."""
+    hands their peaks and step times, and compile's host time to issue its step, to every sac+compile worker."""
     seen = []
 
     def fake_worker(cfg, stem, **kwargs):
         seen.append(cfg)
         ms = {"compile+per-block": 1.5, "compile+per-op": 1.2, "compile+per-op+regions": 1.3}.get(cfg["config"], 1.0)
         peak = {"compile+per-op": 1500 * MiB}.get(cfg["config"], 1000 * MiB)
-        return runner.base_row(cfg) | {"status": "ok", "peak_bytes": peak, "time_ms_median": ms, "time_ms_iqr": 0.0}
+        details = {"host_issue_ms": 0.4} if cfg["config"] == "compile" else {}  # measured on a GPU only
+        return runner.base_row(cfg) | {"status": "ok", "peak_bytes": peak, "time_ms_median": ms, "time_ms_iqr": 0.0,
+                                       "details": details}
 
     monkeypatch.setattr(runner, "run_worker", fake_worker)
     from conftest import tiny_spec
@@ -321,6 +323,7 @@ def test_a_compiled_sac_row_is_calibrated_on_compile_per_block_of_the_same_run(t
         assert by_config[name]["compiled_per_block_peak"] == f"{1000 * MiB}B"
         assert by_config[name]["compiled_per_op_peak"] == f"{1500 * MiB}B"
         assert CompiledTimes.parse(by_config[name]["compiled_step_ms"]) == CompiledTimes(1.0, 1.5, 1.2, 1.3)
+        assert by_config[name]["compile_host_ms"] == 0.4  # offload's host calls are priced against it
     assert "compiled_per_block_peak" not in by_config["sac@3GiB"]
     assert BenchConfig.parse("fsdp+sac+compile@fsdp+per-block").spec.compiled
 

@@ -48,15 +48,21 @@ def summarize_ms(times: list[float]) -> dict[str, float]:
     return {"time_ms_median": q2, "time_ms_q1": q1, "time_ms_q3": q3, "time_ms_iqr": q3 - q1}
 
 
-def time_steps(step: Callable[[], Any], iters: int, dev: torch.device) -> list[float]:
-    """Wall time of each of ``iters`` steps in ms; on CUDA measured between events on the current stream."""
+def time_steps(step: Callable[[], Any], iters: int, dev: torch.device, issued: list[float] | None = None
+               ) -> list[float]:
+    """Wall time of each of ``iters`` steps in ms; on CUDA measured between events on the current stream, and,
+    into ``issued`` where given, the host's time to issue each step (until the step returns, before the device is
+    done): well below the step's time where the device limits it, close to it where the host does."""
     times = []
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         for _ in range(iters):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             step()
+            if issued is not None:
+                issued.append((time.perf_counter() - t0) * 1e3)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))

@@ -168,6 +168,8 @@ class _Bench:
                     cfg["compiled_per_op_peak"] = f"{int(per_op['peak_bytes'])}B"
                 if plain["status"] == "ok" and plain.get("time_ms_median"):
                     times = [plain["time_ms_median"], per_block["time_ms_median"]]
+                    if plain.get("details", {}).get("host_issue_ms"):
+                        cfg["compile_host_ms"] = plain["details"]["host_issue_ms"]
                     if per_op.get("status") == "ok" and per_op.get("time_ms_median"):
                         times.append(per_op["time_ms_median"])
                         if regions.get("status") == "ok" and regions.get("time_ms_median"):

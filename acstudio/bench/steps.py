@@ -54,6 +54,7 @@ class Request:
     compiled_per_op_peak: str | None = None  # compile+per-op's: its second calibration point
     compiled_step_ms: str | None = None  # compile's, compile+per-block's (compile+per-op's, +regions'): its planner
     regions_bias: bool = False  # compile+per-op+regions ran its blocks handed the mask's bias (CompiledTimes)
+    compile_host_ms: float | None = None  # the host's time to issue compile's step, where measured (CompiledTimes)
     dist: Any = None  # acstudio.bench.distributed.Ranks
     nproc: int = 1  # ranks of an fsdp+/ddp+ configuration (its planning process runs alone)
 
@@ -521,8 +522,8 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
 
         measured = parse_budget(req.compiled_per_block_peak, profile.peak_bytes)
         times = CompiledTimes.parse(req.compiled_step_ms) if req.compiled_step_ms else None
-        if times is not None and req.regions_bias:
-            times = dataclasses.replace(times, regions_bias=True)
+        if times is not None:
+            times = dataclasses.replace(times, regions_bias=req.regions_bias, compile_host_ms=req.compile_host_ms)
         per_op = parse_budget(req.compiled_per_op_peak, profile.peak_bytes) if req.compiled_per_op_peak else None
         plan = compiled_plan(profile, budget_bytes, measured, per_op, times, one_device=req.config.parallel is None)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -101,7 +102,10 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     before = allocator_counters(dev)
     offload = offload_of(prepared.model)  # a SAC plan that offloads: what its copies moved, against the plan's
     moved = offload.moved_bytes if offload is not None else 0
-    times = time_steps(step, int(cfg["iters"]), dev)
+    issued: list[float] = []
+    times = time_steps(step, int(cfg["iters"]), dev, issued)
+    if issued:  # the host's time to issue a step (CUDA only): what host calls cost compiled (CompiledTimes)
+        out["details"]["host_issue_ms"] = statistics.median(issued)
     if before:
         out["details"]["allocator_during_timing"] = {k: v - before[k] for k, v in allocator_counters(dev).items()}
     if offload is not None:
@@ -119,6 +123,7 @@ def request(cfg: dict[str, Any], spec: WorkloadSpec, dev: torch.device, ranks: R
                    compiled_per_block_peak=cfg.get("compiled_per_block_peak"),
                    compiled_per_op_peak=cfg.get("compiled_per_op_peak"),
                    compiled_step_ms=cfg.get("compiled_step_ms"), regions_bias=bool(cfg.get("regions_bias")),
+                   compile_host_ms=cfg.get("compile_host_ms"),
                    dist=ranks, nproc=int(cfg.get("nproc", 1)))
 
 

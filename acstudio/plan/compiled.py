@@ -163,15 +163,28 @@ class CompiledTimes:
     the offload hooks, so that the model's loop over its blocks runs eager and each block compiles alone).
     ``regions_bias``: that form was measured with the blocks handed SDPA's bias of their attention mask
     (:func:`acstudio.export.apply.hand_blocks_mask_bias`), as the plans it prices then run; the runs before it
-    (before 2026-11-29's eighteenth session) measured every block making its own."""
+    (before 2026-11-29's eighteenth session) measured every block making its own.
+
+    ``compile_host_ms``: the host's time to issue compile's step (until the step returns, before the device is
+    done), where the bench measured it (since 2026-11-29's twentieth session). An offloading plan's copies take
+    host calls (:mod:`acstudio.simulate.offload`), which cost the step only where the host has no lead over the
+    device. The profile measures that lead for the eager step; compiled, the host launches a few fused kernels
+    where eager issued each node, so the calls are priced against the compiled step's host time instead, spread
+    over the nodes (:func:`compiled_context`). On the 953M decoder the eager host issues 108 of a 160 ms step,
+    and the copies of an offloading plan's first 4 blocks were priced 2.1 ms of host time on it, more than the
+    replays they saved."""
 
     compile_ms: float
     per_block_ms: float
     per_op_ms: float | None = None
     regions_ms: float | None = None
     regions_bias: bool = False
+    compile_host_ms: float | None = None
 
     def __post_init__(self) -> None:
+        if self.compile_host_ms is not None and not self.compile_host_ms > 0:
+            raise ACStudioError(f"the host's time to issue compile's step must be positive milliseconds, not "
+                                f"{self.compile_host_ms:g}")
         if not all(t > 0 for t in self.given):
             raise ACStudioError(f"compiled step times must be positive milliseconds, not "
                                 f"{', '.join(f'{t:g}' for t in self.given)} — give compile's and compile+per-block's "
@@ -248,13 +261,18 @@ def replay_scales(ctx: PlanContext, times: CompiledTimes, kernel: np.ndarray) ->
 
 def compiled_context(ctx: PlanContext, times: CompiledTimes) -> PlanContext:
     """A plan context of the same profile whose replays cost what they cost compiled: library kernels and fused
-    ops their :func:`replay_scales` times their eager time (built once per ``times``, cached on ``ctx``)."""
+    ops their :func:`replay_scales` times their eager time (built once per ``times``, cached on ``ctx``). Where
+    compile's host time was measured (:attr:`CompiledTimes.compile_host_ms`), the profile's host time to issue the
+    step is that one, against which offload's host calls are priced."""
     key = ("compiled", times, ctx.rg.keep_random)
     if key not in ctx.cache:
         kernel = np.array([is_library_kernel(nd.target) for nd in ctx.profile.nodes], dtype=bool)
         scales = replay_scales(ctx, times, kernel)
-        replay = ReplayGraph(ctx.profile, ctx.rg.keep_random, node_ms=ctx.rg.run_ms * np.where(kernel, *scales))
-        compiled = PlanContext(ctx.profile, Simulator(ctx.profile, replay))
+        profile = ctx.profile
+        if times.compile_host_ms is not None:
+            profile = dataclasses.replace(profile, host_issue_ms=times.compile_host_ms)
+        replay = ReplayGraph(profile, ctx.rg.keep_random, node_ms=ctx.rg.run_ms * np.where(kernel, *scales))
+        compiled = PlanContext(profile, Simulator(profile, replay))
         compiled.cache["replay_scales"] = scales
         ctx.cache[key] = compiled
     return ctx.cache[key]
