@@ -338,7 +338,7 @@ def test_a_compiled_sac_row_plans_a_wider_headroom_below_its_budget(tmp_path):
     base = {"spec": spec.to_dict(), "device": "cpu", "warmup": 1, "iters": 3, "task": "plan",
             "profile_path": str(tmp_path / "profile.json.gz")}
     compiled = run_config(base | {"config": "sac+compile@60%", "compiled_per_block_peak": "1MiB",
-                                  "compiled_step_ms": "1.0,1.5"})
+                                  "compiled_step_ms": "1.0,1.5", "compile_host_ms": 0.5})
     eager = run_config(base | {"config": "sac@60%"})
     for row, share in ((compiled, COMPILED_HEADROOM), (eager, HEADROOM)):
         assert row["status"] == "ok", row["message"]
