@@ -297,7 +297,7 @@ def torchtitan_held(ctx: PlanContext) -> list[int]:
 def _torchtitan_held(ctx: PlanContext) -> list[int]:
     rg, profile = ctx.rg, ctx.profile
     nodes, index = profile.nodes, profile.node_index
-    nbytes = {t.id: t.bytes for t in profile.tensors}
+    nbytes = profile.tensor_bytes
     block = node_blocks(ctx)
     freed = per_op(ctx)
     users: dict[int, list[int]] = {}

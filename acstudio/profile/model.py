@@ -245,6 +245,11 @@ class Profile:
         return {n.id: n for n in self.nodes}
 
     @cached_property
+    def tensor_bytes(self) -> dict[str, int]:
+        """Bytes of each storage, by its id (what a node's ``storage`` names)."""
+        return {t.id: t.bytes for t in self.tensors}
+
+    @cached_property
     def activation_by_id(self) -> dict[str, ActivationRecord]:
         return {a.id: a for a in self.activations}
 

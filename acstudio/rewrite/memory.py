@@ -22,7 +22,7 @@ def live_bytes(gm: fx.GraphModule, profile: Profile) -> list[int]:
     for t in profile.tensors:
         for h in (t.created_at, *t.aliases):
             storages.setdefault(h, []).append(t.id)
-    size = {t.id: t.bytes for t in profile.tensors}
+    size = profile.tensor_bytes
     forever = {t.id for t in profile.tensors if t.category in RESIDENT_CATEGORIES}
     nodes = list(gm.graph.nodes)
     output = nodes[-1]

@@ -152,7 +152,7 @@ class SacBlocks:
         # creating node. SAC holds a saved op's ones until the replay, and a block's arguments until its backward.
         self.scratch: dict[str, tuple[int, int]] = {}
         self.scratch_made: dict[int, list[str]] = {}
-        self.tensor_bytes = {t.id: t.bytes for t in profile.tensors}
+        self.node_storage = [nd.storage for nd in nodes]  # the storage each node writes
         for t in profile.tensors:
             i = index[t.created_at]
             created.setdefault(i, []).append(t.id)
@@ -365,7 +365,7 @@ class SacBlocks:
         arguments' scratch storages, and the kept activations it reads."""
         if not freed:
             return None, {}, set(), ()
-        rg, storage = self.sim.replay, [nd.storage for nd in self.sim.profile.nodes]
+        rg, storage = self.sim.replay, self.node_storage
         at, stop = self.replay_at[b], self.stop[b]
         saved_scratch = {t: at for i in self.fw_nodes[b] if decision[i] == SAVE for t in self.scratch_made.get(i, [])}
         args = {storage[u] for i in self.fw_nodes[b] for u in self.inputs[i] if self.block[u] != b}
@@ -434,9 +434,13 @@ class SacBlocks:
         reads (a saved dropout's output that the recomputed residual add reads); the partitioner saves no other."""
         if form.replay is None or not form.saved_scratch:
             return {}
-        storage = [nd.storage for nd in self.sim.profile.nodes]
-        read = {storage[u] for i, reads in self._needed(form.replay).items() if reads for u in self.inputs[i]}
+        read = self._pruned_reads(form.replay)
         return {t: at for t, at in form.saved_scratch.items() if t in read}
+
+    def _pruned_reads(self, replay: Replay) -> set[str]:
+        """The storages that the nodes the compiled step replays of ``replay`` (:meth:`_needed`) read."""
+        storage = self.node_storage
+        return {storage[u] for i, reads in self._needed(replay).items() if reads for u in self.inputs[i]}
 
     def compiled_normalized(self, form: _BlockForm) -> list[tuple[int, int]]:
         """The saved layer norms of a block whose compiled step holds their normalized input as well as what the
@@ -456,10 +460,9 @@ class SacBlocks:
                  and self.inputs[i]]
         if form.replay is None or not norms:
             return []
-        storage = [nd.storage for nd in nodes]
-        read = {storage[u] for j, reads in self._needed(form.replay).items() if reads for u in self.inputs[j]}
-        read |= {self.sim.replay.act_ids[k] for k in form.freed}
-        return [(i, self.tensor_bytes[storage[i]]) for i in norms if storage[self.inputs[i][0]] in read]
+        storage = self.node_storage
+        read = self._pruned_reads(form.replay) | {self.sim.replay.act_ids[k] for k in form.freed}
+        return [(i, self.sim.profile.tensor_bytes[storage[i]]) for i in norms if storage[self.inputs[i][0]] in read]
 
     def schedule(self, recomputed: Collection[int], compiled: bool = False, blocks_alone: bool = False
                  ) -> SharedSchedule:
@@ -799,7 +802,6 @@ class ReplaySacCompiled(ReplaySac):
         held = blocks.mask_bias_held(schedule.recomputed) if self.hands_mask_bias else None
         return offload_schedule(sim, offloaded, schedule.replays, regions=blocks.region_copies,
                                 saved=blocks.region_saved(schedule, regions), held=held)
-
 
 
 SAC_COMPILED_MODE = register_mode(ReplaySacCompiled())
