@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from acstudio.bench.steps import compiled_plan, with_headroom
+from acstudio.export.sac import SacPolicy
 from acstudio.plan import plan as plan_budget
 from acstudio.plan.compiled import CompiledTimes
 from acstudio.profile.model import Profile
@@ -38,14 +39,29 @@ def compiled_plan_of(rows: dict[str, dict], profile: Profile):
 
 
 def replan(shape: str) -> str:
+    """The compiled part's plan made again against the one it ran: the same price and bytes, and each offloaded
+    block's copies fetched at the same block (runs before 2026-11-29's twenty-first session record no fetches: their
+    export placed them on the profile's eager times, as :meth:`SacPolicy.from_plan` does for a plan without)."""
     rows = {r["config"]: r for r in json.loads((GRID / f"{shape}.compiled.json").read_text())["rows"]}
-    plan = compiled_plan_of(rows, Profile.load(GRID / "profiles" / f"{shape}.compiled.json.gz"))
+    profile = Profile.load(GRID / "profiles" / f"{shape}.compiled.json.gz")
+    plan = compiled_plan_of(rows, profile)
     ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
     same = (abs(plan.compiled_extra_ms - ran["compiled_extra_ms"]) < 1e-6
             and plan.offload_bytes == ran.get("offload_bytes", 0))
+    fetches = ""
+    if same and plan.region_fetches:
+        ran_fetches = ran.get("region_fetches") or SacPolicy.from_plan(profile, plan.recomputed, plan.offloaded,
+                                                                       plan.replay_mode).regions
+        if ran_fetches != plan.region_fetches:
+            same, fetches = False, f"; copies fetched {fetch_places(plan.region_fetches, ran_fetches)}"
     return (f"{shape:16s} {'current' if same else 'OUT OF DATE':11s} today: {plan.offload_bytes / GiB:5.2f} GiB "
             f"offloaded, +{plan.compiled_extra_ms:.2f} ms over compile; measured plan: "
-            f"{ran.get('offload_bytes', 0) / GiB:5.2f} GiB, +{ran['compiled_extra_ms']:.2f} ms predicted")
+            f"{ran.get('offload_bytes', 0) / GiB:5.2f} GiB, +{ran['compiled_extra_ms']:.2f} ms predicted{fetches}")
+
+
+def fetch_places(today: dict[str, str], ran: dict[str, str]) -> str:
+    """Where each block's copies come back, today's against the run's."""
+    return "; ".join(f"{b} at {today[b]} / {ran[b]}" for b in today if b in ran)
 
 
 def replan_eager(shape: str) -> str:

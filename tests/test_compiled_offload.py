@@ -26,6 +26,7 @@ from acstudio.plan import compiled as acstudio_compiled
 from acstudio.plan.compiled import TIMED_MODE, CompiledTimes, plan_compiled
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
+from acstudio.plan.validation import check_plan_against
 from acstudio.profile.model import HostLink, Profile
 from acstudio.simulate import sac as sac_module
 from acstudio.simulate.modes import get_mode
@@ -300,7 +301,8 @@ def test_at_gpt2_seq_2048_an_offload_predicted_faster_within_the_predictions_err
 
 
 def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_measurement(monkeypatch):
-    """The 953M decoder at seq 512 (grid, H200): compile+per-block and compile+per-op both peak in the AdamW step,
+    """The 953M decoder at seq 512 (H200, its grid run before compile's host time was measured): compile+per-block
+    and compile+per-op both peak in the AdamW step,
     which no activation decision moves, so under the bench's 0.5% headroom no plan fits; one that peaks there with
     no more bytes than compile+per-block's measured set fits by measurement. Planned from that run as the bench
     planned it, no offloading plan is faster than recompute alone there (those that recompute less peak over the
@@ -309,8 +311,9 @@ def test_on_a_decoder_whose_peak_is_the_optimizer_steps_offloading_plans_fit_by_
     measurement too."""
     from acstudio.bench.results import BenchResults
 
-    rows = {r["config"]: r for r in BenchResults.load("results/grid/decoder1b-s512.compiled.json").rows}
-    profile = Profile.load("results/grid/profiles/decoder1b-s512.compiled.json.gz")
+    run = "decoder1b-s512.compiled-h200-before-host-pricing.json"
+    rows = {r["config"]: r for r in BenchResults.load(f"results/superseded/grid-{run}").rows}
+    profile = Profile.load(f"results/superseded/profiles/grid-{run}.gz")
     times = CompiledTimes(*(rows[c]["time_ms_median"] for c in ("compile", "compile+per-block", "compile+per-op")))
     measured = int(rows["compile+per-block"]["peak_bytes"])
     assert int(rows["compile+per-op"]["peak_bytes"]) == measured  # bench passes no second peak then
@@ -834,3 +837,34 @@ def test_a_block_bias_the_plan_keeps_is_the_handed_bias_counted_once_on_the_gpu(
     again = ctx.plan_for_set(plan.solver, plan.budget_bytes, recomputed, mode=plan.replay_mode, offloaded=held)
     assert again.offload_bytes == measured
     assert abs((again.predicted_peak_bytes - plan.compiled_offset_bytes) / peak - 1) < 0.0025
+
+
+def test_the_export_fetches_each_blocks_copies_where_the_plan_priced_them_on_the_gpu():
+    """The 953M decoder at seq 512 (H200, 2026-11-29, twenty-first session) offloaded what its first 3 blocks save,
+    priced at compiled times, where a block's backward takes about half its eager time: each block's copies came
+    back 2 to 4 blocks ahead, hidden. The export placed the fetches again on the profile's eager times, one block
+    ahead, and each of the 3 blocks' backwards waited 1.35 ms for its copies (a trace of the step). The plan now
+    carries the placement it was priced with, and the export and ``apply_plan`` follow it; a plan file from
+    before keeps the old placement."""
+    profile = Profile.load("results/probes/decoder1b-s512.compiled-host-priced.profile.json.gz")
+    rows = {r["config"]: r for r in json.loads(Path("results/probes/decoder1b-s512.compiled-host-priced.json")
+                                               .read_text())["rows"]}
+    ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
+    plan = benchmark_script("grid_replan").compiled_plan_of(rows, profile)  # the plan that ran, made again
+    assert plan.offload_bytes == ran["offload_bytes"]
+    assert plan.compiled_extra_ms == pytest.approx(ran["compiled_extra_ms"])
+    fetches = {"model.layers.0": "model.layers.2", "model.layers.1": "model.layers.4",
+               "model.layers.2": "model.layers.6"}
+    assert plan.region_fetches == fetches
+    with tempfile.TemporaryDirectory() as tmp:
+        plan.save(Path(tmp) / "plan.json")
+        assert Plan.load(Path(tmp) / "plan.json").region_fetches == fetches
+        dataclasses.replace(plan, region_fetches={**fetches, "model.layers.2": "model.layer.6"}).save(
+            Path(tmp) / "edited.json")
+        with pytest.raises(ACStudioError, match=r"region_fetches.model.layers.2.*names no module"):
+            check_plan_against(Plan.load(Path(tmp) / "edited.json"), profile, "edited.json")
+    assert apply_module.load_policy((profile, plan)).regions == fetches
+    before = Plan.load("results/probes/decoder1b-s512.compiled-host-priced.plan.json")  # made before it was kept
+    assert before.region_fetches == {} and before.recomputed == plan.recomputed
+    assert apply_module.load_policy((profile, before)).regions == {
+        "model.layers.0": "model.layers.1", "model.layers.1": "model.layers.2", "model.layers.2": "model.layers.3"}

@@ -527,6 +527,8 @@ def export_sac_plan(req: Request) -> dict[str, Any]:
         per_op = parse_budget(req.compiled_per_op_peak, profile.peak_bytes) if req.compiled_per_op_peak else None
         plan = compiled_plan(profile, budget_bytes, measured, per_op, times, one_device=req.config.parallel is None)
         summary["compiled_peak_bytes"] = plan.compiled_peak_bytes
+        if plan.region_fetches:
+            summary["region_fetches"] = plan.region_fetches
     else:  # eager, or compiled without a calibration: the eager prediction (compile keeps less)
         plan = make_plan(profile, with_headroom(budget_bytes), mode="sac")
     plan_dir = sac_plan_dir(req)

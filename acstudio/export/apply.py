@@ -329,7 +329,8 @@ def load_policy(plan) -> SacPolicy:
     if isinstance(plan, tuple) and len(plan) == 2:
         profile, p = plan
         p.check_profile(profile)
-        return SacPolicy.from_plan(profile, p.recomputed, getattr(p, "offloaded", ()), p.replay_mode)
+        return SacPolicy.from_plan(profile, p.recomputed, getattr(p, "offloaded", ()), p.replay_mode,
+                                   getattr(p, "region_fetches", None))
     raise ACStudioError(f"apply_plan takes an export folder or a (profile, plan) pair, not {type(plan).__name__}")
 
 

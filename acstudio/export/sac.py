@@ -91,10 +91,11 @@ class SacPolicy:
 
     @classmethod
     def from_plan(cls, profile: Profile, recomputed: list[str], offloaded: Collection[str] = (),
-                  replay_mode: str = "sac") -> SacPolicy:
+                  replay_mode: str = "sac", region_fetches: dict[str, str] | None = None) -> SacPolicy:
         """The SAC form of ``recomputed``, offloading what it can of ``offloaded`` (activation ids): per op, or,
         for a plan made in a compiled mode that offloads by region (:func:`offloads_by_region`), what whole blocks
-        save."""
+        save, each block's copies fetched where ``region_fetches`` (the plan's: placed on the times it was priced
+        at) says, else where the profile's times place them."""
         regions = offloads_by_region(replay_mode) and bool(offloaded)
         sim = Simulator(profile)
         form = simulate_sac(sim, recomputed, () if regions else offloaded)
@@ -107,7 +108,7 @@ class SacPolicy:
             bias = get_mode(replay_mode).hands_mask_bias and bool(sac_blocks(sim).mask_biases)
             return cls(profile.fingerprint, blocks, form.freed, result.peak_bytes, result.extra_ms,
                        containers(profile, blocks), result.offload.moved_bytes,
-                       sac_blocks(sim).fetched_by(result.offload), bias)
+                       region_fetches or sac_blocks(sim).fetched_by(result.offload), bias)
         moved = form.result.offload.moved_bytes if form.result.offload is not None else 0
         return cls(profile.fingerprint, blocks, form.freed, form.result.peak_bytes, form.result.extra_ms,
                    containers(profile, blocks), moved)
@@ -192,7 +193,8 @@ def policy(job: ExportJob) -> SacPolicy:
     """The job's SAC policy, made once per export."""
     return job.once("sac", lambda: SacPolicy.from_plan(job.profile, job.recomputed,
                                                        getattr(job.recomputed, "offloaded", ()),
-                                                       getattr(job.recomputed, "replay_mode", "sac")))
+                                                       getattr(job.recomputed, "replay_mode", "sac"),
+                                                       getattr(job.plan, "region_fetches", None)))
 
 
 def write(job: ExportJob, directory: Path) -> list[str]:

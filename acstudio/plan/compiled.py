@@ -460,8 +460,8 @@ def plan_compiled(ctx: PlanContext, budget: int, measured_per_block_peak: int, s
                                                      mode=offloads.replay_mode,
                                                      offloaded=[timed.rg.act_index[a] for a in offloads.offloaded]),
                                   regions_cost)
-        return as_compiled(ctx, offloads, measured_budget, at_measured, times is not None, why)
-    return as_compiled(ctx, offloads, budget, offset, times is not None, why)
+        return as_compiled(ctx, timed, offloads, measured_budget, at_measured, why)
+    return as_compiled(ctx, timed, offloads, budget, offset, why)
 
 
 def with_region_offload(ctx: PlanContext, timed: PlanContext, found: Plan, budget: int, solver: str,
@@ -592,21 +592,32 @@ def filled_with_regions(ctx: PlanContext, timed: PlanContext, found: Plan, regio
     return best
 
 
-def as_compiled(ctx: PlanContext, compiled_memory: Plan, budget: int, offset: int, timed: bool, why: str) -> Plan:
-    """``compiled_memory`` (a plan in the compiled memory, at ``budget`` plus ``offset``) as the plan the SAC form
-    runs: its set in the SAC mode with what only the compiled step frees added, the compiled peak and, where
-    ``timed``, the compiled overhead recorded."""
+def as_compiled(ctx: PlanContext, timed: PlanContext, compiled_memory: Plan, budget: int, offset: int,
+                why: str) -> Plan:
+    """``compiled_memory`` (a plan in the compiled memory, at ``budget`` plus ``offset``, priced in ``timed``: the
+    compiled times' context, or ``ctx`` itself without them) as the plan the SAC form runs: its set in the SAC mode
+    with what only the compiled step frees added, the compiled peak and, where timed, the compiled overhead
+    recorded.
+
+    Where it offloads by region, the fetches are placed as ``timed`` priced them (``Plan.region_fetches``): the
+    compiled backward runs in about half the eager one's time, so on the profile's times the export had placed
+    each block's copies back one block ahead, where the price had them two to four ahead. On the 953M decoder
+    (H200, seq 512, 3 blocks) each of the 3 blocks' backwards then waited 1.35 ms for its copies, and the plan
+    ran 4-10 ms over its price (results/probes/compiled_offload_fetches_decoder1b-s512_h200.txt)."""
     offloaded = [ctx.rg.act_index[a] for a in compiled_memory.offloaded]
     # a plan that offloads runs its blocks compiled one by one: the compiled memory's mode is the one it runs in
     mode = compiled_memory.replay_mode if offloaded else COMPILED_MODE
     chosen = ctx.plan_for_set(compiled_memory.solver, budget + offset, ctx.sim.indices(compiled_memory.recomputed),
                               compiled_memory.stop_reason, mode=mode, offloaded=offloaded)
-    extra = {"compiled_extra_ms": compiled_memory.predicted_extra_ms} if timed else {}
-    if timed:
+    extra = {"compiled_extra_ms": compiled_memory.predicted_extra_ms} if timed is not ctx else {}
+    if timed is not ctx:
         why += f"; compiled +{compiled_memory.predicted_extra_ms:.2f} ms"
     if offloaded:
         why += (f", {format_bytes(compiled_memory.offload_bytes)} offloaded each way"
                 f"{' (hidden)' if compiled_memory.offload_stall_ms <= 0 else ''}")
+        copies = timed.simulation(compiled_memory).offload
+        if copies is not None and get_mode(mode).offloads_by_region:
+            extra["region_fetches"] = sac_blocks(timed.sim).fetched_by(copies)
     cache_only = chosen.predicted_peak_bytes - compiled_memory.predicted_peak_bytes  # eager SAC's cache, at peak
     chosen = dataclasses.replace(with_compiled_frees(ctx, chosen, compiled_memory.recomputed), budget_bytes=budget,
                                  compiled_offset_bytes=offset + cache_only, feasible=compiled_memory.feasible, **extra)

@@ -17,7 +17,9 @@ verify and export rewrite what was planned.
 first backward use (:mod:`acstudio.simulate.offload` schedules and prices the copies); the rest are kept unless
 recomputed. Files from before offload have no such list and read as offloading nothing. ``offload_bytes`` is what
 crosses the link each way, ``host_bytes`` the pinned host memory the step holds for it, ``offload_stall_ms`` the
-time the step waits for copies that do not hide behind compute (included in ``predicted_extra_ms``).
+time the step waits for copies that do not hide behind compute (included in ``predicted_extra_ms``). A plan for
+torch.compile that offloads what whole blocks save records in ``region_fetches`` where each block's copies come
+back, as it was priced (the export follows it; files from before it re-place them on the profile's eager times).
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ class Plan:
     offload_bytes: int = 0
     offload_stall_ms: float = 0.0
     host_bytes: int = 0
+    # A compiled plan that offloads by region (blocks compiled one by one): per offloaded block, the block at whose
+    # backward start its copies come back, placed on the step the plan was priced on (compiled times, where given).
+    # Empty where the plan does not so offload, and in files from before it was recorded: the export then places
+    # the fetches on the profile's eager times.
+    region_fetches: dict[str, str] = field(default_factory=dict)
     # The simulated step (timeline and all), kept once something simulated it (PlanContext.simulation), so that a
     # plan is simulated once however many views read it. Derived and large: never saved, never compared.
     simulation: SimResult | None = field(default=None, repr=False, compare=False)

@@ -15,6 +15,12 @@ from acstudio.profile.schema import _PLAN, PlanDoc, _Checker, corrupt, validate_
 from acstudio.simulate.modes import REPLAY_MODES
 
 
+def module_and_parents(module: str) -> list[str]:
+    """``a.b.c``, ``a.b`` and ``a``: the modules a node of ``module`` runs inside."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)] if module else []
+
+
 def validate_plan(doc: dict[str, Any], source: str | os.PathLike) -> PlanDoc:
     """Type-check a plan document and check that it agrees with itself (no profile needed)."""
     source = str(source)
@@ -67,3 +73,7 @@ def check_plan_against(plan, profile, source: str | os.PathLike) -> None:
         raise corrupt(c.source, c.kind, "activation_bytes", "does not list the profile's activations and their sizes")
     for act in plan.excluded:
         c.exists("excluded", act, acts, "activation")
+    modules = {m for nd in profile.nodes for m in module_and_parents(nd.module)}
+    for block, at in plan.region_fetches.items():
+        c.exists("region_fetches", block, modules, "module")
+        c.exists(f"region_fetches.{block}", at, modules, "module")

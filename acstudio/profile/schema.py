@@ -196,6 +196,7 @@ class PlanDoc(_Doc):
     offload_bytes: Bytes = 0
     offload_stall_ms: Ms = 0.0
     host_bytes: Bytes = 0
+    region_fetches: dict[str, StrictStr] = {}  # absent in files from before 2026-11-29's twenty-first session
 
     @model_validator(mode="before")
     @classmethod

@@ -27,7 +27,8 @@ first stopped on a bug since fixed; with ``PROBE_PLAN``, compiled_offload_health
   cd <repo> && PYTHONPATH=. PROBE_SEQ=2048 PROBE_BATCH=8 PROBE_DROPOUT=1 PROBE_STEPS=20 \
       python3 benchmarks/probes/compiled_offload_health.py
 Needs one CUDA GPU (2-3 minutes a run on an H100, most of it compiling). Env: PROBE_SEQ (512), PROBE_BATCH (8),
-PROBE_BLOCKS (5), PROBE_STEPS (50); PROBE_DROPOUT=1 keeps GPT-2's dropout (else none); PROBE_DETERMINISTIC=1 runs
+PROBE_BLOCKS (5), PROBE_STEPS (50); PROBE_DROPOUT=1 keeps GPT-2's dropout (else none); PROBE_TRACE=PATH
+writes a Chrome trace of one step of the offload model (torch's profiler) to PATH; PROBE_DETERMINISTIC=1 runs
 SDPA's math kernel under ``torch.use_deterministic_algorithms`` (warn only): the memory-efficient attention
 backward and Inductor's atomic scatter-adds differ run to run (``offload_bitwise_control.py``).
 PROBE_DEVICE=cpu PROBE_TINY=1 is a smoke run on a 2-layer GPT-2 without a GPU (aot_eager).
@@ -44,6 +45,7 @@ import time
 import numpy as np
 import torch
 
+from acstudio.bench.steps import autocast
 from acstudio.export import apply as apply_module
 from acstudio.plan.compiled import TIMED_MODE
 from acstudio.plan.model import Plan
@@ -126,7 +128,8 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
         self.opt.zero_grad()
-        loss = self.w.loss_fn(self.model, self.w.batch)
+        with autocast(self.w.spec, torch.device(DEVICE)):  # a bf16 workload's forward and loss, as bench runs them
+            loss = self.w.loss_fn(self.model, self.w.batch)
         loss.backward()
         self.opt.step()
         if CUDA:
@@ -177,6 +180,16 @@ def health(trainer: Trainer, buffers: list[int]) -> None:
           f"{int(allocs[2:].max() - allocs[2:].min())} B, RSS {rsss[2] / MiB:.1f} -> {rsss[-1] / MiB:.1f} MiB "
           f"(growth {(rsss[-1] - rsss[2]) / MiB:.1f}), host buffers made after step 1: {int(made[-1] - made[0])}, "
           f"copies held after a step: max {int(held.max())}", flush=True)
+
+
+def trace(trainer: Trainer, path: str) -> None:
+    """One step of ``trainer`` under torch's profiler, as a Chrome trace at ``path``: where the compute stream
+    waits for the copies, and where the copies run."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        trainer.step()
+    prof.export_chrome_trace(path)
+    print(f"trace of one step in {path}", flush=True)
 
 
 def forget_compiled() -> None:
@@ -232,6 +245,8 @@ def main() -> int:
         results["offload"] = offload.three_steps()
         health(offload, buffers)
         timings["offload"] = offload.timed(12)
+        if os.environ.get("PROBE_TRACE"):
+            trace(offload, os.environ["PROBE_TRACE"])
     del offload
     forget_compiled()
     with copies(False):
