@@ -28,7 +28,8 @@ first stopped on a bug since fixed; with ``PROBE_PLAN``, compiled_offload_health
       python3 benchmarks/probes/compiled_offload_health.py
 Needs one CUDA GPU (2-3 minutes a run on an H100, most of it compiling). Env: PROBE_SEQ (512), PROBE_BATCH (8),
 PROBE_BLOCKS (5), PROBE_STEPS (50); PROBE_DROPOUT=1 keeps GPT-2's dropout (else none); PROBE_TRACE=PATH
-writes a Chrome trace of one step of the offload model (torch's profiler) to PATH; PROBE_DETERMINISTIC=1 runs
+writes a Chrome trace of one step of the offload model (torch's profiler) to PATH, and one of the regions model
+beside it (``X.json`` -> ``X.regions.json``: what the copies add, stretch by stretch); PROBE_DETERMINISTIC=1 runs
 SDPA's math kernel under ``torch.use_deterministic_algorithms`` (warn only): the memory-efficient attention
 backward and Inductor's atomic scatter-adds differ run to run (``offload_bitwise_control.py``).
 PROBE_DEVICE=cpu PROBE_TINY=1 is a smoke run on a 2-layer GPT-2 without a GPU (aot_eager).
@@ -192,6 +193,13 @@ def trace(trainer: Trainer, path: str) -> None:
     print(f"trace of one step in {path}", flush=True)
 
 
+def regions_trace(path: str) -> str:
+    """Where the regions model's trace goes, beside the offload model's at ``path``: ``step.json`` ->
+    ``step.regions.json``."""
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}.regions.{suffix}" if dot else f"{path}.regions"
+
+
 def forget_compiled() -> None:
     """Free the model just measured: Dynamo's caches hold it (its guards), with its gradients and optimizer state,
     which would count in the next model's peak (a first H200 run's did: 2 GiB a model)."""
@@ -254,6 +262,8 @@ def main() -> int:
         results["regions"] = regions.three_steps()
         results["regions again"] = regions.three_steps()
         timings["regions"] = regions.timed(12)
+        if os.environ.get("PROBE_TRACE"):
+            trace(regions, regions_trace(os.environ["PROBE_TRACE"]))
     del regions
     forget_compiled()
     # the plan's recompute set compiled whole (keeping everything: the model as compile runs it)
