@@ -839,6 +839,19 @@ def test_a_block_bias_the_plan_keeps_is_the_handed_bias_counted_once_on_the_gpu(
     assert abs((again.predicted_peak_bytes - plan.compiled_offset_bytes) / peak - 1) < 0.0025
 
 
+@functools.cache
+def decoder_replanned():
+    """(profile, the plan bench makes today from the run, the plan as it ran) for the 953M decoder at seq 512's
+    compiled part planned on compile's host time (H200, 2026-11-29, twenty-first session), its first run."""
+    profile = Profile.load("results/probes/decoder1b-s512.compiled-host-priced.profile.json.gz")
+    rows = {r["config"]: r for r in json.loads(Path("results/probes/decoder1b-s512.compiled-host-priced.json")
+                                               .read_text())["rows"]}
+    ran = Plan.load("results/probes/decoder1b-s512.compiled-host-priced.plan.json")  # made before fetches were kept
+    assert ran.compiled_extra_ms == pytest.approx(rows["sac+compile@compile+per-op"]["details"]["plan"]
+                                                  ["compiled_extra_ms"])
+    return profile, benchmark_script("grid_replan").compiled_plan_of(rows, profile), ran
+
+
 def test_the_export_fetches_each_blocks_copies_where_the_plan_priced_them_on_the_gpu():
     """The 953M decoder at seq 512 (H200, 2026-11-29, twenty-first session) offloaded what its first 3 blocks save,
     priced at compiled times, where a block's backward takes about half its eager time: each block's copies came
@@ -846,13 +859,8 @@ def test_the_export_fetches_each_blocks_copies_where_the_plan_priced_them_on_the
     ahead, and each of the 3 blocks' backwards waited 1.35 ms for its copies (a trace of the step). The plan now
     carries the placement it was priced with, and the export and ``apply_plan`` follow it; a plan file from
     before keeps the old placement."""
-    profile = Profile.load("results/probes/decoder1b-s512.compiled-host-priced.profile.json.gz")
-    rows = {r["config"]: r for r in json.loads(Path("results/probes/decoder1b-s512.compiled-host-priced.json")
-                                               .read_text())["rows"]}
-    ran = rows["sac+compile@compile+per-op"]["details"]["plan"]
-    plan = benchmark_script("grid_replan").compiled_plan_of(rows, profile)  # the plan that ran, made again
-    assert plan.offload_bytes == ran["offload_bytes"]
-    assert plan.compiled_extra_ms == pytest.approx(ran["compiled_extra_ms"])
+    profile, plan, before = decoder_replanned()
+    assert plan.offload_bytes == before.offload_bytes  # the same copies
     fetches = {"model.layers.0": "model.layers.2", "model.layers.1": "model.layers.4",
                "model.layers.2": "model.layers.6"}
     assert plan.region_fetches == fetches
@@ -864,7 +872,20 @@ def test_the_export_fetches_each_blocks_copies_where_the_plan_priced_them_on_the
         with pytest.raises(ACStudioError, match=r"region_fetches.model.layers.2.*names no module"):
             check_plan_against(Plan.load(Path(tmp) / "edited.json"), profile, "edited.json")
     assert apply_module.load_policy((profile, plan)).regions == fetches
-    before = Plan.load("results/probes/decoder1b-s512.compiled-host-priced.plan.json")  # made before it was kept
-    assert before.region_fetches == {} and before.recomputed == plan.recomputed
+    assert before.region_fetches == {}
     assert apply_module.load_policy((profile, before)).regions == {
         "model.layers.0": "model.layers.1", "model.layers.1": "model.layers.2", "model.layers.2": "model.layers.3"}
+
+
+def test_blocks_handed_the_mask_bias_are_priced_replaying_none_of_their_own():
+    """Handed the one bias made before the blocks, a block makes no bias of its own, so an offloading plan in the
+    bias form recomputes none: the decoder's plan of that run recomputed 8 of its 16 blocks' biases, priced as
+    replays the step never ran (each block's ``where``); made today, it keeps them (they count once,
+    ``SacBlocks.mask_bias_held``), the rest of its set and its copies the same, and is priced that much cheaper."""
+    profile, plan, before = decoder_replanned()
+    ctx = PlanContext(profile)
+    biases = {ctx.rg.act_ids[k] for ks in sac_blocks(ctx.sim).mask_biases.values() for k in ks}
+    assert len(biases) == 16 and len(biases & set(before.recomputed)) == 8 and not biases & set(plan.recomputed)
+    assert set(before.recomputed) - set(plan.recomputed) == biases & set(before.recomputed)
+    assert plan.replay_mode == "sac-compiled-bias" and plan.offload_bytes == before.offload_bytes
+    assert plan.compiled_extra_ms < before.compiled_extra_ms
