@@ -98,7 +98,7 @@ from acstudio.plan.baselines import MATMULS, is_attention, node_blocks, per_modu
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.plan.solvers import DEFAULT_SOLVER, best_of, faster_at_lowest_peak, plan_for_mode, tighten_to_budget
-from acstudio.simulate.modes import get_mode
+from acstudio.simulate.modes import get_mode, simulate_plan
 from acstudio.simulate.replay import ReplayGraph
 from acstudio.simulate.sac import sac_blocks
 from acstudio.simulate.simulator import Simulator
@@ -625,7 +625,8 @@ def as_compiled(ctx: PlanContext, timed: PlanContext, compiled_memory: Plan, bud
     if offloaded:
         why += (f", {format_bytes(compiled_memory.offload_bytes)} offloaded each way"
                 f"{' (hidden)' if compiled_memory.offload_stall_ms <= 0 else ''}")
-        copies = timed.simulation(compiled_memory).offload
+        # simulated here, not read from a simulation kept on the plan, which another context may have made
+        copies = simulate_plan(timed.sim, compiled_memory.recomputed, mode, compiled_memory.offloaded).offload
         if copies is not None and get_mode(mode).offloads_by_region:
             extra["region_fetches"] = sac_blocks(timed.sim).fetched_by(copies)
     cache_only = chosen.predicted_peak_bytes - compiled_memory.predicted_peak_bytes  # eager SAC's cache, at peak
