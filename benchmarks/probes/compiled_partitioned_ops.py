@@ -6,7 +6,14 @@ own policy (``peer``: the bench's ``compile+per-op``; ``peer-regions``: its ``co
 ``peer-regions-shared-mask``: that form with each block's attention mask read as one batch row broadcast;
 ``peer-regions-float-mask``: with each boolean mask handed over as SDPA's additive bias, made once), a plan
 file's recompute set without its offload (``plan:PLAN.json``, as the health probe's ``whole``) and that plan as the
-bench runs it (``offload:PLAN.json``).
+bench runs it (``offload:PLAN.json``), and torchtitan's set with what some ops make kept back
+(``titan-keep:OP+OP``, by op name: ``titan-keep:_to_copy+rsqrt`` keeps every activation an ``aten._to_copy`` or an
+``aten.rsqrt`` makes; ``titan-keep:_to_copy@PLAN.json`` only those of them that plan keeps back).
+
+``PROBE_PRICE=BENCH.json`` (a grid part's compiled bench file, made on the profile given) first prints what the
+compiled planner prices each recompute-set variant at, over ``compile``, calibrated on that run's rows as the bench
+calibrated its plan, and what each ``plan:`` variant keeps back over torchtitan's set, by op: which kept-back group
+a plan's price counts on. ``PROBE_STEPS=0`` stops there (a CPU needs no GPU for it).
 
 Each variant also runs ``PROBE_STEPS`` training steps: the median times of the forward and backward and of the
 optimizer step after it, from the third step on (the first two compile), and the device peak. Torchtitan's policy
@@ -36,9 +43,20 @@ that form and ``peer-regions-float-mask`` runs it again; the run before is in th
 ``PROBE_KERNELS=N`` also profiles two more forwards and backwards of each form (torch.profiler) and lists the N
 kernels whose time differs most from the first form's: where a form's cost is, by kernel.
 
+Why the kept-back groups: the 953M decoder's compiled plans keep back, over torchtitan's set, every block's RMSNorm
+``rsqrt``, the bf16 casts that feed its projections (``_to_copy``) and its mask bias (``where``), at seq 512 and 2048
+a few matmuls too, priced 3.5-3.9 ms faster compiled; at seq 1024 the set ran at compile+per-op's time
+(``results/probes/compiled_offload_decoder1b-s1024_h200.txt``). Which group saves what it is priced at?
+
 Run (one CUDA GPU, about 100 s on an H200 at seq 2048 before the timing was added):
   cd <repo> && PYTHONPATH=. python3 benchmarks/probes/compiled_partitioned_ops.py \\
       results/grid/profiles/gpt2-s2048.compiled.json.gz titan,minus-dropouts,peer
+The decoder's kept-back groups, priced on a CPU (``results/planner/decoder_kept_back_prices_cpu.txt``), then timed:
+  cd <repo> && PYTHONPATH=. PROBE_STEPS=0 PROBE_PRICE=results/grid/decoder1b-s1024.compiled.json \\
+      python3 benchmarks/probes/compiled_partitioned_ops.py results/grid/profiles/decoder1b-s1024.compiled.json.gz \\
+      titan,titan-keep:_to_copy@PLAN,titan-keep:rsqrt@PLAN,titan-keep:where@PLAN,plan:PLAN
+(PLAN: ``results/probes/decoder1b-s1024.compiled.plan.json``, the plan that part ran, made again on a CPU; seq 512's
+and 2048's beside it.)
 ``tiny-cpu`` in place of the profile profiles a 2-layer GPT-2 on the CPU first (20 s), its dropouts run as
 ``native_dropout`` as CUDA's eager dropout does (the CPU's runs ``bernoulli_``, which compiled code does not), its
 attention without dropout (SDPA's CPU kernel draws it otherwise than compiled code).
@@ -56,9 +74,10 @@ import numpy as np
 import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from acstudio.bench.steps import enable_per_block, find_blocks, per_op_as_regions, per_op_context
+from acstudio.bench.results import BenchResults
+from acstudio.bench.steps import autocast, enable_per_block, find_blocks, per_op_as_regions, per_op_context
 from acstudio.export.apply import apply_plan
-from acstudio.plan.compiled import TIMED_MODE, torchtitan_held
+from acstudio.plan.compiled import TIMED_MODE, CompiledTimes, compiled_context, torchtitan_held
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
@@ -69,6 +88,61 @@ STEPS = int(os.environ.get("PROBE_STEPS", "12"))  # forward and backward passes 
 BACKEND = os.environ.get("PROBE_BACKEND", "counting")  # "inductor": torch.compile's own, as the bench (no op counts)
 SHOWN = ("mm", "drop", "rand", "attention", "layer_norm", "philox", "seed")  # the ops each graph's line counts
 KERNELS = int(os.environ.get("PROBE_KERNELS", "0"))  # this many kernels whose time differs most from the first form's
+
+
+def op_name(target: str) -> str:
+    """``aten._to_copy.default`` -> ``_to_copy``."""
+    parts = target.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "aten" else target
+
+
+def recompute_set(variant: str, ctx: PlanContext) -> list[int] | None:
+    """The activations ``variant`` recomputes where it is a recompute set of the profile (``titan``,
+    ``minus-dropouts``, ``titan-keep:...``, ``plan:...``); None for the forms that are not."""
+    titan = torchtitan_held(ctx)
+    nodes, made = ctx.profile.nodes, ctx.rg.created
+    if variant == "titan":
+        return titan
+    if variant == "minus-dropouts":
+        return [k for k in titan if nodes[made[k]].target != "aten.native_dropout.default"]
+    if variant.startswith("titan-keep:"):
+        ops, _, plan_file = variant.removeprefix("titan-keep:").partition("@")
+        kept = {k for k in titan if op_name(nodes[made[k]].target) in ops.split("+")}
+        if plan_file:  # only what that plan keeps back
+            kept -= set(ctx.sim.indices(Plan.load(plan_file).recomputed))
+        return [k for k in titan if k not in kept]
+    if variant.startswith("plan:"):
+        return ctx.sim.indices(Plan.load(variant.removeprefix("plan:")).recomputed)
+    return None
+
+
+def print_prices(bench_file: str, variants: list[str], ctx: PlanContext) -> None:
+    """What the compiled planner prices each recompute set of ``variants`` at, calibrated on ``bench_file``'s rows
+    as the bench calibrated that part's plan; and what each plan keeps back over torchtitan's set, by op."""
+    rows = {r["config"]: r for r in BenchResults.load(bench_file).rows}
+    regions = rows.get("compile+per-op+regions")
+    times = CompiledTimes(rows["compile"]["time_ms_median"], rows["compile+per-block"]["time_ms_median"],
+                          rows["compile+per-op"]["time_ms_median"], regions["time_ms_median"] if regions else None,
+                          bool(regions and regions.get("details", {}).get("mask_bias")),
+                          rows["compile"].get("details", {}).get("host_issue_ms"))
+    timed = compiled_context(ctx, times)
+    kernels, fused = timed.cache["replay_scales"]
+    plain = times.compile_ms
+    print(f"priced on {bench_file}: replayed library kernels at {kernels:.2f}x their eager time, fused ops at "
+          f"{fused:.2f}x; measured over compile: compile+per-op {times.per_op_ms - plain:+.2f} ms, "
+          f"compile+per-block {times.per_block_ms - plain:+.2f}", flush=True)
+    titan = set(torchtitan_held(ctx))
+    nodes, made, nbytes = ctx.profile.nodes, ctx.rg.created, ctx.rg.bytes
+    for variant in variants:
+        chosen = recompute_set(variant, ctx)
+        if chosen is None:
+            continue
+        price = timed.plan_for_set("auto", 10**15, sorted(chosen), mode=TIMED_MODE).predicted_extra_ms
+        kept = sorted(titan - set(chosen))
+        by_op = Counter(op_name(nodes[made[k]].target) for k in kept)
+        print(f"{variant:15s} priced {price:+.2f} ms over compile; keeps back over titan {len(kept)} activations "
+              f"({int(nbytes[kept].sum()) / 2**20:.0f} MiB): {dict(by_op)}; recomputes beyond it "
+              f"{len(set(chosen) - titan)}", flush=True)
 
 
 def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend) -> torch.nn.Module:
@@ -84,20 +158,17 @@ def model_of(variant: str, workload, profile: Profile, ctx: PlanContext, backend
             for block in find_blocks(workload):
                 with_masks_as(block, form)
         return workload.model
-    titan = torchtitan_held(ctx)
-    if variant == "minus-dropouts":
-        nodes, made = ctx.profile.nodes, ctx.rg.created
-        titan = [k for k in titan if nodes[made[k]].target != "aten.native_dropout.default"]
-    elif variant.startswith("plan:"):  # a plan's recompute set compiled whole (its regions: the health probe)
+    if variant.startswith("plan:"):  # a plan's recompute set compiled whole (its regions: the health probe)
         plan = dataclasses.replace(Plan.load(variant.removeprefix("plan:")), offloaded=[])
         return apply_plan(workload.model, (profile, plan))
-    elif variant.startswith("offload:"):  # the plan as the bench runs it: its regions compiled alone, with copies
+    if variant.startswith("offload:"):  # the plan as the bench runs it: its regions compiled alone, with copies
         plan = Plan.load(variant.removeprefix("offload:"))
         return apply_plan(workload.model, (profile, plan), {"backend": backend})
-    elif variant != "titan":
-        raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts, peer, peer-regions, "
-                         f"{', '.join(MASK_FORMS)}, plan:PLAN.json or offload:PLAN.json")
-    return apply_plan(workload.model, (profile, ctx.plan_for_set("auto", 10**15, titan, "", mode=TIMED_MODE)))
+    chosen = recompute_set(variant, ctx)
+    if chosen is None:
+        raise SystemExit(f"unknown variant {variant!r}: give titan, minus-dropouts, titan-keep:OP+OP, peer, "
+                         f"peer-regions, {', '.join(MASK_FORMS)}, plan:PLAN.json or offload:PLAN.json")
+    return apply_plan(workload.model, (profile, ctx.plan_for_set("auto", 10**15, chosen, "", mode=TIMED_MODE)))
 
 
 def is_attention_mask(value) -> bool:
@@ -142,6 +213,12 @@ def float_masks(dtype: torch.dtype):
 MASK_FORMS = {"peer-regions-shared-mask": lambda dtype: shared_mask, "peer-regions-float-mask": float_masks}
 
 
+def loss_of(model: torch.nn.Module, workload) -> torch.Tensor:
+    """The workload's loss, its forward under the autocast the bench runs a bf16 workload in."""
+    with autocast(workload.spec, next(model.parameters()).device):
+        return workload.loss_fn(model, workload.batch)
+
+
 def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, float, float, int]:
     """(median ms of a forward and backward, of the optimizer step after it, and of a whole step, the device peak
     over all), each from the third step on: the first two compile. The optimizer is the workload's, eager as the
@@ -159,7 +236,7 @@ def timed(model: torch.nn.Module, workload, steps: int) -> tuple[float, float, f
         optimizer.zero_grad(set_to_none=True)
         sync()
         start = time.perf_counter()
-        workload.loss_fn(model, workload.batch).backward()
+        loss_of(model, workload).backward()
         if i < steps:
             sync()
             passes.append((time.perf_counter() - start) * 1e3)
@@ -183,7 +260,7 @@ def kernel_times(model: torch.nn.Module, workload, steps: int = 2) -> dict[str, 
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             model.zero_grad(set_to_none=True)
-            workload.loss_fn(model, workload.batch).backward()
+            loss_of(model, workload).backward()
         if cuda:
             torch.cuda.synchronize()
     times: Counter = Counter()
@@ -212,6 +289,10 @@ def main(profile_path: str, variants: list[str]) -> int:
     torch._functorch.config.enable_autograd_cache = False
     profile = tiny_cpu_profile() if profile_path == "tiny-cpu" else Profile.load(profile_path)
     ctx = PlanContext(profile)
+    if os.environ.get("PROBE_PRICE"):
+        print_prices(os.environ["PROBE_PRICE"], variants, ctx)
+    if STEPS == 0:
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = build_workload(WorkloadSpec.from_dict(profile.workload)).to(device)
     graphs: list[tuple[bool, Counter, int]] = []
