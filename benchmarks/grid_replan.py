@@ -24,18 +24,24 @@ GRID = Path("results/grid")
 GiB = 2**30
 
 
+def compiled_times_of(rows: dict[str, dict]) -> CompiledTimes:
+    """The step times a compiled part's calibration rows (by configuration) hand its plan, as the bench hands them."""
+    plain, per_op = rows["compile"], rows["compile+per-op"]
+    regions = rows.get("compile+per-op+regions")  # measured by the bench since 2026-11-29 (the fifteenth session)
+    return CompiledTimes(plain["time_ms_median"], rows["compile+per-block"]["time_ms_median"], per_op["time_ms_median"],
+                         regions["time_ms_median"] if regions else None,
+                         bool(regions and regions.get("details", {}).get("mask_bias")),
+                         plain.get("details", {}).get("host_issue_ms"))  # measured since the twentieth session
+
+
 def compiled_plan_of(rows: dict[str, dict], profile: Profile):
     """The plan ``acstudio bench`` makes for a compiled part's ``sac+compile@compile+per-op`` row, from the part's
     calibration rows (by configuration) and its profile."""
-    per_block, per_op, plain = rows["compile+per-block"], rows["compile+per-op"], rows["compile"]
-    regions = rows.get("compile+per-op+regions")  # measured by the bench since 2026-11-29 (the fifteenth session)
-    times = CompiledTimes(plain["time_ms_median"], per_block["time_ms_median"], per_op["time_ms_median"],
-                          regions["time_ms_median"] if regions else None,
-                          bool(regions and regions.get("details", {}).get("mask_bias")),
-                          plain.get("details", {}).get("host_issue_ms"))  # measured since the twentieth session
+    per_block, per_op = rows["compile+per-block"], rows["compile+per-op"]
     budget = int(per_op["peak_bytes"])
     second_peak = budget if per_op["peak_bytes"] > per_block["peak_bytes"] else None
-    return compiled_plan(profile, budget, int(per_block["peak_bytes"]), second_peak, times, one_device=True)
+    return compiled_plan(profile, budget, int(per_block["peak_bytes"]), second_peak, compiled_times_of(rows),
+                         one_device=True)
 
 
 def replan(shape: str) -> str:

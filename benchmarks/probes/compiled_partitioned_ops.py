@@ -77,7 +77,7 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from acstudio.bench.results import BenchResults
 from acstudio.bench.steps import autocast, enable_per_block, find_blocks, per_op_as_regions, per_op_context
 from acstudio.export.apply import apply_plan
-from acstudio.plan.compiled import TIMED_MODE, CompiledTimes, compiled_context, torchtitan_held
+from acstudio.plan.compiled import TIMED_MODE, compiled_context, torchtitan_held
 from acstudio.plan.model import Plan
 from acstudio.plan.schedule import PlanContext
 from acstudio.profile.model import Profile
@@ -119,12 +119,9 @@ def recompute_set(variant: str, ctx: PlanContext) -> list[int] | None:
 def print_prices(bench_file: str, variants: list[str], ctx: PlanContext) -> None:
     """What the compiled planner prices each recompute set of ``variants`` at, calibrated on ``bench_file``'s rows
     as the bench calibrated that part's plan; and what each plan keeps back over torchtitan's set, by op."""
-    rows = {r["config"]: r for r in BenchResults.load(bench_file).rows}
-    regions = rows.get("compile+per-op+regions")
-    times = CompiledTimes(rows["compile"]["time_ms_median"], rows["compile+per-block"]["time_ms_median"],
-                          rows["compile+per-op"]["time_ms_median"], regions["time_ms_median"] if regions else None,
-                          bool(regions and regions.get("details", {}).get("mask_bias")),
-                          rows["compile"].get("details", {}).get("host_issue_ms"))
+    from benchmarks.grid_replan import compiled_times_of
+
+    times = compiled_times_of({r["config"]: r for r in BenchResults.load(bench_file).rows})
     timed = compiled_context(ctx, times)
     kernels, fused = timed.cache["replay_scales"]
     plain = times.compile_ms
