@@ -44,8 +44,8 @@ that form and ``peer-regions-float-mask`` runs it again; the run before is in th
 kernels whose time differs most from the first form's: where a form's cost is, by kernel.
 
 Why the kept-back groups: the 953M decoder's compiled plans keep back, over torchtitan's set, every block's RMSNorm
-``rsqrt``, the bf16 casts that feed its projections (``_to_copy``) and its mask bias (``where``), at seq 512 and 2048
-a few matmuls too, priced 3.5-3.9 ms faster compiled; at seq 1024 the set ran at compile+per-op's time
+``rsqrt``, the bf16 cast of its rotary-embedded query or key (``_to_copy``) and its mask bias (``where``), at seq 512
+and 2048 a few matmuls too, priced 3.5-3.9 ms faster compiled; at seq 1024 the set ran at compile+per-op's time
 (``results/probes/compiled_offload_decoder1b-s1024_h200.txt``). Which group saves what it is priced at?
 
 Run (one CUDA GPU, about 100 s on an H200 at seq 2048 before the timing was added):
