@@ -562,8 +562,7 @@ def filled_with_regions(ctx: PlanContext, timed: PlanContext, found: Plan, regio
     2048's price)."""
     blocks = sac_blocks(ctx.sim)
     bias = get_mode(mode).hands_mask_bias
-    # handed the one bias, no block makes its own: a recomputed one would be priced as a replay the step never runs
-    biases = {k for ks in blocks.mask_biases.values() for k in ks} if bias else set()
+    biases = {k for ks in blocks.mask_biases.values() for k in ks} if bias else set()  # each block's own (docstring)
 
     def without_biases(plan: Plan) -> list[int]:
         return [k for k in timed.sim.indices(plan.recomputed) if k not in biases]
